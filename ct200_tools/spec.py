@@ -1,0 +1,146 @@
+"""The site spec: one YAML description of what a site wants, loaded and validated here.
+
+Ansible renders machines from it, the playbooks copy it to /etc/ct200/site.yml, and the doctor
+judges the machine against it. Validation runs before anything changes and reports every problem
+with its field path and the fix, not only the first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+Passthrough = Literal["devn", "raw-lxc"]
+Engine = Literal["sglang", "vllm", "command"]
+Severity = Literal["error", "warning"]
+
+#: Where the playbooks install the spec on every target; the doctor's default.
+DEFAULT_SPEC_PATH = "/etc/ct200/site.yml"
+#: The top-level key in YAML files and Ansible group_vars.
+SPEC_KEY = "ct200_site"
+
+
+@dataclass(frozen=True)
+class SpecIssue:
+    """One problem in a spec: where (dotted path), what, and how to fix it."""
+
+    path: str
+    message: str
+    fix: str
+    severity: Severity = "error"
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message} (fix: {self.fix})"
+
+
+class SpecError(Exception):
+    """A spec that cannot be used; carries every issue found."""
+
+    def __init__(self, issues: list[SpecIssue], source: str = "") -> None:
+        self.issues = issues
+        self.source = source
+        where = f"{source}: " if source else ""
+        super().__init__(f"{where}{len(issues)} problem(s) in the site spec")
+
+
+@dataclass(frozen=True)
+class PveSpec:
+    vmid: int
+    passthrough: Passthrough = "devn"
+
+
+@dataclass(frozen=True)
+class PcieSpec:
+    gen: int
+    width: int
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    count: int
+    model: str
+    pcie: PcieSpec | None = None
+    #: GPU indices per NUMA node, e.g. ((0, 1, 2, 3), (4, 5, 6, 7)); empty when not declared.
+    numa: tuple[tuple[int, ...], ...] = ()
+
+    def numa_node_of(self, index: int) -> int | None:
+        for node, members in enumerate(self.numa):
+            if index in members:
+                return node
+        return None
+
+
+@dataclass(frozen=True)
+class TuningSpec:
+    numa_balancing: int | None = 0
+    #: Bytes (128..4096, a power of two); None: not managed.
+    pcie_max_read_request: int | None = None
+
+
+@dataclass(frozen=True)
+class ShmSpec:
+    #: Size of /dev/shm in bytes; None: whatever the system gives.
+    size: int | None = None
+    #: RAM in bytes that staging must leave free for everything else.
+    reserve_ram: int = 0
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    #: The persistent copy on local disk; never modified.
+    source: str
+    #: Where the model is served from (normally under /dev/shm).
+    staged: str
+    #: Declared size in bytes, if known before the source can be read.
+    size: int | None = None
+
+
+@dataclass(frozen=True)
+class SpeculativeSpec:
+    algorithm: str
+    draft_model: str | None = None
+    budget: int | None = None
+    num_steps: int | None = None
+    eagle_topk: int | None = None
+    num_draft_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    name: str
+    engine: Engine
+    model: str
+    gpus: tuple[int, ...]
+    port: int
+    tp: int
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    speculative: SpeculativeSpec | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    #: Extra engine arguments, passed through as --key value.
+    args: Mapping[str, object] = field(default_factory=dict)
+    #: engine "command" only: the argv to run.
+    command: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SiteSpec:
+    gpus: GpuSpec
+    pve: PveSpec | None = None
+    tuning: TuningSpec = field(default_factory=TuningSpec)
+    shm: ShmSpec = field(default_factory=ShmSpec)
+    models: tuple[ModelSpec, ...] = ()
+    servers: tuple[ServerSpec, ...] = ()
+    #: Non-fatal findings from validation (e.g. a TP group spanning NUMA nodes).
+    warnings: tuple[SpecIssue, ...] = ()
+    #: Where it was loaded from, for messages.
+    source: str = ""
+
+    @property
+    def enabled_servers(self) -> tuple[ServerSpec, ...]:
+        return tuple(s for s in self.servers if s.enabled)
+
+    def model(self, name: str) -> ModelSpec | None:
+        return next((m for m in self.models if m.name == name), None)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Install everything ct200-tools and its tests need on a fresh Debian/Ubuntu machine (as root):
+# the system packages, then a virtualenv in .venv with the package and its test/lint/ansible extras.
+# Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+for pkg in python3-venv:python3 debootstrap:debootstrap systemd-container:systemd-nspawn \
+           iproute2:ip openssh-client:ssh pciutils:setpci; do
+  command -v "${pkg#*:}" >/dev/null 2>&1 || need_apt+=("${pkg%%:*}")
+done
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: missing system packages: ${need_apt[*]}; run as root or: sudo apt-get install -y ${need_apt[*]}" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[test,lint,ansible]'
+echo "setup: ok ($(.venv/bin/python --version), venv .venv)"
