@@ -1,0 +1,193 @@
+"""The GPUs themselves: count, model, PCIe link capability, persistence, memory health, clocks."""
+
+from __future__ import annotations
+
+from ct200_tools.checks.base import Context, Outcome, Remedy, failed, passed, skipped
+from ct200_tools.facts import GpuFacts
+
+#: sysfs link speed -> PCIe generation.
+SPEED_GEN = {"2.5": 1, "5.0": 2, "8.0": 3, "16.0": 4, "32.0": 5, "64.0": 6}
+#: nvmlClocksEventReason bits that mean the GPU is being held back by hardware or heat.
+SLOWDOWN_REASONS = {
+    0x8: "HW slowdown",
+    0x20: "SW thermal slowdown",
+    0x40: "HW thermal slowdown",
+    0x80: "HW power brake",
+}
+
+
+def gen_of(speed: str | None) -> int | None:
+    return SPEED_GEN.get(speed.split()[0]) if speed else None
+
+
+def _gpus(ctx: Context) -> tuple[GpuFacts, ...] | None:
+    return ctx.facts.nvml.gpus if ctx.facts.nvml is not None else None
+
+
+def _no_nvml(ctx: Context) -> Outcome:
+    return skipped("NVML unavailable (see driver.nvml)", ctx.unreadable("nvml") or "")
+
+
+def check_count(ctx: Context) -> Outcome:
+    want = ctx.site.gpus.count
+    gpus = _gpus(ctx)
+    pci = ctx.facts.pci
+    if gpus is None:
+        if pci is None:
+            return _no_nvml(ctx)
+        seen, via = len(pci), "on the PCI bus (NVML unavailable)"
+    else:
+        seen, via = len(gpus), "through NVML"
+    cuda = ctx.facts.cuda
+    evidence = [f"{seen} GPU(s) {via}"]
+    if cuda is not None and cuda.device_count is not None:
+        evidence.append(f"CUDA sees {cuda.device_count}")
+    if seen == want and (cuda is None or cuda.device_count in (None, want)):
+        return passed(f"{want} GPU(s) as the spec expects", *evidence)
+    return failed(
+        f"expected {want} GPU(s), found {seen}"
+        if seen != want
+        else f"{seen} GPU(s) found but CUDA sees {cuda.device_count if cuda else '?'}",
+        Remedy(
+            "pass every GPU through (dev entries /dev/nvidia0..N-1) and make sure no "
+            "CUDA_VISIBLE_DEVICES hides one; a GPU missing on the host too has fallen off "
+            "the bus (dmesg | grep -i xid)",
+            ctx.host_where,
+            "nvidia-smi -L",
+            "lxc_passthrough",
+        ),
+        *evidence,
+    )
+
+
+def check_model(ctx: Context) -> Outcome:
+    gpus = _gpus(ctx)
+    if gpus is None:
+        return _no_nvml(ctx)
+    want = ctx.site.gpus.model.lower()
+    wrong = [g for g in gpus if want not in g.name.lower()]
+    if not wrong:
+        return passed(f"all GPUs are {ctx.site.gpus.model}", *sorted({g.name for g in gpus}))
+    return failed(
+        f"{len(wrong)} GPU(s) are not {ctx.site.gpus.model!r}",
+        Remedy("correct gpus.model in the site spec, or check the hardware", "this machine"),
+        *[f"GPU{g.index} {g.pci_bus_id}: {g.name}" for g in wrong],
+    )
+
+
+def check_pcie_link(ctx: Context) -> Outcome:
+    want = ctx.site.gpus.pcie
+    if want is None:
+        return skipped("gpus.pcie not set in the spec")
+    gpus = _gpus(ctx)
+    if gpus is None:
+        return _no_nvml(ctx)
+    pci = {p.bdf: p for p in ctx.facts.pci or ()}
+    bad, evidence = [], []
+    for g in gpus:
+        p = pci.get(g.pci_bus_id)
+        gen = g.link_gen_max or (gen_of(p.max_link_speed) if p else None)
+        width = g.link_width_max or (p.max_link_width if p else None)
+        line = f"GPU{g.index} {g.pci_bus_id}: max Gen{gen} x{width}"
+        if g.link_gen_current is not None and (g.link_gen_current, g.link_width_current) != (
+            gen,
+            width,
+        ):
+            line += (
+                f" (now Gen{g.link_gen_current} x{g.link_width_current}: idle downshift is normal)"
+            )
+        evidence.append(line)
+        if gen is None or width is None:
+            continue
+        if gen < want.gen or width < want.width:
+            bad.append(g.index)
+    if bad:
+        return failed(
+            f"GPU(s) {bad} cannot train to Gen{want.gen} x{want.width}",
+            Remedy(
+                "reseat the card or riser and check the slot's BIOS link setting; the maximum "
+                "link is what the card and slot negotiated at boot",
+                "host",
+                "nvidia-smi -q -d PCIE",
+            ),
+            *evidence,
+        )
+    return passed(f"every GPU can link at Gen{want.gen} x{want.width}", *evidence)
+
+
+def check_persistence(ctx: Context) -> Outcome:
+    gpus = _gpus(ctx)
+    if gpus is None:
+        return _no_nvml(ctx)
+    off = [g.index for g in gpus if g.persistence_mode is False]
+    if not off:
+        return passed("persistence mode on (or not reported)")
+    return failed(
+        f"persistence mode off on GPU(s) {off}: each CUDA start re-initialises the GPU",
+        Remedy(
+            "run the persistence daemon at boot",
+            "host",
+            "systemctl enable --now nvidia-persistenced",
+            "host_devices",
+        ),
+    )
+
+
+def check_memory_health(ctx: Context) -> Outcome:
+    gpus = _gpus(ctx)
+    if gpus is None:
+        return _no_nvml(ctx)
+    bad, warn = [], []
+    for g in gpus:
+        rr = g.remapped_rows
+        if rr is not None and rr.failure:
+            bad.append(f"GPU{g.index}: row remapping failed (uncorrectable={rr.uncorrectable})")
+        elif rr is not None and rr.pending:
+            warn.append(f"GPU{g.index}: row remap pending, needs a GPU reset")
+        if g.retired_pages_pending:
+            warn.append(f"GPU{g.index}: retired pages pending, needs a GPU reset")
+    if bad:
+        return failed(
+            "GPU memory has failed row remapping",
+            Remedy(
+                "take the GPU out of service and RMA it (nvidia-smi -q -d ROW_REMAPPER)",
+                "host",
+                "nvidia-smi -q -d ROW_REMAPPER",
+            ),
+            *bad,
+            *warn,
+        )
+    if warn:
+        return failed(
+            "GPU memory repair pending",
+            Remedy(
+                "reset the GPU when idle (or reboot the host)",
+                "host",
+                "nvidia-smi -q -d ROW_REMAPPER",
+            ),
+            *warn,
+            warn_only=True,
+        )
+    return passed("no pending or failed memory remaps")
+
+
+def check_clocks(ctx: Context) -> Outcome:
+    gpus = _gpus(ctx)
+    if gpus is None:
+        return _no_nvml(ctx)
+    slow = []
+    for g in gpus:
+        reasons = [
+            name for bit, name in SLOWDOWN_REASONS.items() if (g.clocks_event_reasons or 0) & bit
+        ]
+        if reasons:
+            slow.append(f"GPU{g.index}: {', '.join(reasons)}")
+    if not slow:
+        return passed("no hardware or thermal clock slowdown")
+    return failed(
+        "GPU clocks held back",
+        Remedy(
+            "check cooling, power cables and power limits", "host", "nvidia-smi -q -d PERFORMANCE"
+        ),
+        *slow,
+    )

@@ -1,0 +1,123 @@
+"""/dev/shm and the memory cgroup: room for every model the enabled servers serve."""
+
+from __future__ import annotations
+
+from ct200_tools.checks.base import Context, Outcome, Remedy, failed, gib, passed, skipped
+from ct200_tools.spec import ModelSpec
+
+#: tmpfs rounds its size to pages and df to blocks; a hair under the spec is not a fault.
+SIZE_SLACK = 0.005
+
+
+def served_models(ctx: Context) -> list[ModelSpec]:
+    names = {s.model for s in ctx.site.enabled_servers}
+    return [m for m in ctx.site.models if m.name in names]
+
+
+def model_sizes(ctx: Context) -> tuple[dict[str, int], list[str]]:
+    """Bytes of each served model (persistent copy measured, else the spec's size) and the
+    names whose size is unknown."""
+    facts = {m.name: m for m in ctx.facts.models or ()}
+    sizes, unknown = {}, []
+    for m in served_models(ctx):
+        f = facts.get(m.name)
+        size = f.source_bytes if f and f.source_bytes is not None else m.size
+        if size is None:
+            unknown.append(m.name)
+        else:
+            sizes[m.name] = size
+    return sizes, unknown
+
+
+def check_shm(ctx: Context) -> Outcome:
+    mem = ctx.facts.memory
+    if mem is None:
+        return skipped("memory facts not read", ctx.unreadable("memory") or "")
+    tag = "container_shm"
+    if not mem.shm_exists:
+        return failed(
+            f"{mem.shm_path} does not exist",
+            Remedy(
+                "mount a tmpfs there",
+                "container",
+                f"mount -t tmpfs -o size={ctx.site.shm.size or '<size>'} tmpfs /dev/shm",
+                tag,
+            ),
+        )
+    if mem.shm_fstype not in (None, "tmpfs"):
+        return failed(
+            f"{mem.shm_path} is {mem.shm_fstype}, not tmpfs",
+            Remedy("mount a tmpfs at /dev/shm", "container", "mount -t tmpfs tmpfs /dev/shm", tag),
+        )
+    if mem.shm_size is None:
+        return skipped("size of /dev/shm not readable", ctx.unreadable("memory.shm") or "")
+    want = ctx.site.shm.size
+    sizes, unknown = model_sizes(ctx)
+    need = sum(sizes.values())
+    evidence = [
+        f"/dev/shm: {gib(mem.shm_size)} ({gib(mem.shm_free)} free)",
+        f"served models: {gib(need)}" + (f" + unknown size: {unknown}" if unknown else ""),
+    ]
+    if want is not None and mem.shm_size < want * (1 - SIZE_SLACK):
+        return failed(
+            f"/dev/shm is {gib(mem.shm_size)}, the spec wants {gib(want)}",
+            Remedy(
+                "resize it now and in the container's fstab",
+                "container",
+                f"mount -o remount,size={want} /dev/shm",
+                tag,
+            ),
+            *evidence,
+        )
+    if need > mem.shm_size:
+        return failed(
+            f"served models ({gib(need)}) do not fit /dev/shm ({gib(mem.shm_size)})",
+            Remedy(
+                "enlarge /dev/shm (shm.size) or serve fewer models at once",
+                "container",
+                f"mount -o remount,size={need + (1 << 30)} /dev/shm",
+                tag,
+            ),
+            *evidence,
+        )
+    return passed(f"/dev/shm is tmpfs, {gib(mem.shm_size)}", *evidence)
+
+
+def check_headroom(ctx: Context) -> Outcome:
+    """Staging writes tmpfs pages, and they count against the memory cgroup."""
+    mem = ctx.facts.memory
+    if mem is None:
+        return skipped("memory facts not read", ctx.unreadable("memory") or "")
+    sizes, unknown = model_sizes(ctx)
+    staged = {m.name: m.staged_bytes or 0 for m in ctx.facts.models or ()}
+    to_stage = sum(max(0, size - staged.get(name, 0)) for name, size in sizes.items())
+    reserve = ctx.site.shm.reserve_ram
+    limits = []
+    if mem.memory_max is not None and mem.memory_current is not None:
+        limits.append(("memory cgroup headroom", mem.memory_max - mem.memory_current))
+    elif mem.mem_available is not None:
+        limits.append(("MemAvailable", mem.mem_available))
+    if mem.shm_free is not None:
+        limits.append(("/dev/shm free", mem.shm_free + reserve))  # reserve is RAM, not tmpfs
+    if not limits:
+        return skipped("neither the memory cgroup nor /dev/shm could be read")
+    name, room = min(limits, key=lambda x: x[1])
+    need = to_stage + reserve
+    evidence = [f"{n}: {gib(v)}" for n, v in limits] + [
+        f"still to stage: {gib(to_stage)}, reserve_ram: {gib(reserve)}"
+    ]
+    if unknown:
+        evidence.append(f"size unknown (not counted): {unknown}")
+    if need <= room:
+        return passed(f"room to stage {gib(to_stage)} and keep {gib(reserve)} free", *evidence)
+    return failed(
+        f"not enough memory to stage: need {gib(need)}, {name} is {gib(room)}",
+        Remedy(
+            "raise the container's memory (tmpfs pages count against it) or stage fewer models",
+            "host",
+            f"pct set {ctx.site.pve.vmid if ctx.site.pve else '<vmid>'} --memory "
+            f"{(need + (mem.memory_current or 0)) // 2**20 + 1024}",
+            "lxc_passthrough",
+        ),
+        *evidence,
+    )

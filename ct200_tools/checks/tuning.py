@@ -1,0 +1,86 @@
+"""Host tunings that must hold before benchmarks: NUMA balancing, PCIe MRRS, IOMMU mode."""
+
+from __future__ import annotations
+
+from ct200_tools.checks.base import Context, Outcome, Remedy, failed, passed, skipped
+
+#: Device Control bits 14:12 hold log2(MRRS/128).
+MRRS_CODE = {128: 0, 256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
+
+
+def check_numa_balancing(ctx: Context) -> Outcome:
+    want = ctx.site.tuning.numa_balancing
+    if want is None:
+        return skipped("tuning.numa_balancing not managed by the spec")
+    k = ctx.facts.kernel
+    have = k.numa_balancing if k else None
+    if have is None:
+        return skipped(
+            "kernel.numa_balancing not readable", ctx.unreadable("kernel.numa_balancing") or ""
+        )
+    if have == want:
+        return passed(f"kernel.numa_balancing = {have}")
+    return failed(
+        f"kernel.numa_balancing = {have}, the spec wants {want}",
+        Remedy(
+            "set it on the host (a container cannot) and persist it in /etc/sysctl.d/",
+            ctx.host_where,
+            f"sysctl -w kernel.numa_balancing={want}",
+            "host_tuning",
+        ),
+    )
+
+
+def check_mrrs(ctx: Context) -> Outcome:
+    want = ctx.site.tuning.pcie_max_read_request
+    if want is None:
+        return skipped("tuning.pcie_max_read_request not managed by the spec")
+    pci = ctx.facts.pci
+    if pci is None:
+        return skipped("PCI facts not read", ctx.unreadable("pci") or "")
+    if not pci:
+        return skipped("no NVIDIA GPU on the PCI bus")
+    unreadable = [p.bdf for p in pci if p.max_read_request is None]
+    if len(unreadable) == len(pci):
+        return skipped(
+            "MRRS cannot be read here: config space beyond the header needs root on the host "
+            "(run ct200-doctor check --host, or on the host)",
+            ctx.unreadable("pci") or "",
+        )
+    wrong = [p for p in pci if p.max_read_request is not None and p.max_read_request != want]
+    evidence = [f"{p.bdf}: MRRS {p.max_read_request} MPS {p.max_payload}" for p in pci]
+    if not wrong:
+        return passed(f"MRRS {want} on every readable GPU", *evidence)
+    code = MRRS_CODE[want]
+    return failed(
+        f"MRRS is not {want} on {len(wrong)} GPU(s) (config space resets at reboot and GPU reset)",
+        Remedy(
+            "re-apply with a masked write at boot (ct200-pcie-tune.service does this)",
+            ctx.host_where,
+            "\n".join(f"setpci -s {p.bdf} CAP_EXP+8.w={code}000:7000" for p in wrong),
+            "host_tuning",
+        ),
+        *evidence,
+    )
+
+
+def check_iommu(ctx: Context) -> Outcome:
+    k = ctx.facts.kernel
+    if k is None or k.cmdline is None:
+        return skipped("kernel command line not read")
+    args = k.cmdline.split()
+    iommu_on = any(a in ("intel_iommu=on", "amd_iommu=on") for a in args)
+    passthrough = "iommu=pt" in args or "iommu.passthrough=1" in args
+    if iommu_on and not passthrough:
+        return failed(
+            "IOMMU translation is on without passthrough: GPU P2P goes through the root complex",
+            Remedy(
+                "add iommu=pt to the host kernel command line and reboot",
+                "host",
+                'GRUB_CMDLINE_LINUX_DEFAULT="... iommu=pt" then update-grub',
+                "host_tuning",
+            ),
+            f"cmdline: {' '.join(a for a in args if 'iommu' in a)}",
+        )
+    shown = " ".join(a for a in args if "iommu" in a) or "no iommu arguments"
+    return passed("IOMMU does not translate GPU traffic", f"cmdline: {shown}")

@@ -1,0 +1,249 @@
+"""ct200-doctor: parse options, call probes/checks/report, print, exit. No logic of its own."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from ct200_tools import __version__
+from ct200_tools.checks import CHECKS, UnknownCheckError, run_checks, select
+from ct200_tools.facts import Facts, FactsFormatError
+from ct200_tools.report import (
+    Exit,
+    Header,
+    exit_code,
+    render_json,
+    render_prometheus,
+    render_text,
+    write_atomic,
+)
+from ct200_tools.spec import DEFAULT_SPEC_PATH, SiteSpec, SpecError
+
+EPILOG = """\b
+Examples:
+  ct200-doctor check                       judge this machine against /etc/ct200/site.yml
+  ct200-doctor check --spec inventory/ct200 --only dev --only gpu.cuda_init
+  ct200-doctor check --json | jq '.checks[] | select(.status=="fail")'
+  ct200-doctor check --textfile /var/lib/node_exporter/textfile/ct200.prom
+  ct200-doctor snapshot > facts.json       on the sick machine; then anywhere:
+  ct200-doctor check --facts facts.json --spec site.yml
+  ct200-doctor validate inventory/ct200
+
+\b
+Exit codes: 0 clean, 1 warnings (with --strict), 2 failures or bad input, 3 the doctor broke.
+"""
+
+
+class DoctorError(Exception):
+    """Bad input: printed as one clear message, exit 2."""
+
+
+def _spec_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--spec",
+        "spec_path",
+        metavar="PATH",
+        envvar="CT200_SPEC",
+        help=f"Site spec: a YAML file or an Ansible inventory dir [default: {DEFAULT_SPEC_PATH} "
+        "if present; env CT200_SPEC].",
+    )(fn)
+
+
+def _load_spec(path: str | None) -> tuple[SiteSpec | None, str | None]:
+    from ct200_tools.spec import load_spec  # noqa: PLC0415 - keeps `--help` instant
+
+    if path is None:
+        if not Path(DEFAULT_SPEC_PATH).exists():
+            return None, None
+        path = DEFAULT_SPEC_PATH
+    return load_spec(path), path
+
+
+def _split(values: Sequence[str]) -> list[str]:
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def _emit(text: str) -> None:
+    click.echo(text, nl=False)
+    sys.stdout.flush()
+
+
+@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ct200-doctor")
+def cli() -> None:
+    """Verify in seconds that a CT200 GPU machine is ready to serve and benchmark."""
+
+
+@cli.command()
+@_spec_option
+@click.option(
+    "--facts",
+    "facts_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Judge a saved snapshot instead of probing this machine.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the versioned JSON report.")
+@click.option("--prometheus", is_flag=True, help="Print a node_exporter textfile.")
+@click.option(
+    "--textfile",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the node_exporter textfile here (atomically).",
+)
+@click.option("--only", multiple=True, metavar="ID", help="Run only these checks (id or prefix).")
+@click.option("--skip", multiple=True, metavar="ID", help="Skip these checks (id or prefix).")
+@click.option("-v", "--verbose", is_flag=True, help="Show evidence for every check.")
+@click.option("--strict", is_flag=True, help="Exit 1 when there are warnings.")
+@click.option(
+    "--timeout",
+    default=10.0,
+    show_default=True,
+    type=float,
+    help="Seconds each probe (and cuInit) may take.",
+)
+def check(
+    spec_path: str | None,
+    facts_path: Path | None,
+    as_json: bool,
+    prometheus: bool,
+    textfile: Path | None,
+    only: tuple[str, ...],
+    skip: tuple[str, ...],
+    verbose: bool,
+    strict: bool,
+    timeout: float,
+) -> None:
+    """Probe this machine (or read --facts) and judge it against the site spec."""
+    try:
+        selected = select(_split(only), _split(skip))
+    except UnknownCheckError as exc:
+        raise DoctorError(str(exc)) from None
+    spec, source = _load_spec(spec_path)
+    facts = _read_facts(facts_path) if facts_path else _probe(spec, timeout)
+    findings = run_checks(facts, spec, selected)
+    code = exit_code(findings, strict)
+    head = Header(facts, source)
+    if textfile is not None:
+        write_atomic(textfile, render_prometheus(findings, head, code))
+    if as_json:
+        _emit(render_json(findings, head, code))
+    elif prometheus:
+        _emit(render_prometheus(findings, head, code))
+    else:
+        _emit(render_text(findings, head, verbose, color=sys.stdout.isatty()))
+    _exit(code)
+
+
+@cli.command()
+@_spec_option
+@click.option("--timeout", default=10.0, show_default=True, type=float)
+def snapshot(spec_path: str | None, timeout: float) -> None:
+    """Print this machine's facts as JSON, to judge elsewhere with `check --facts`."""
+    from ct200_tools.facts import dumps  # noqa: PLC0415
+
+    spec, _ = _load_spec(spec_path)
+    _emit(dumps(_probe(spec, timeout)))
+    _exit(Exit.OK)
+
+
+@cli.command()
+@click.argument("spec_path", required=False, metavar="[SPEC]")
+def validate(spec_path: str | None) -> None:
+    """Validate a site spec (YAML file or inventory dir); exit 0 valid, 2 invalid."""
+    from ct200_tools.spec import load_spec  # noqa: PLC0415
+
+    path = spec_path or os.environ.get("CT200_SPEC") or DEFAULT_SPEC_PATH
+    spec = load_spec(path)
+    for w in spec.warnings:
+        click.echo(f"warning: {w}", err=True)
+    click.echo(
+        f"{path}: valid ({spec.gpus.count} GPUs, {len(spec.models)} models, "
+        f"{len(spec.servers)} servers, {len(spec.enabled_servers)} enabled)"
+    )
+
+
+@cli.command("list-checks")
+@click.option("--json", "as_json", is_flag=True)
+def list_checks(as_json: bool) -> None:
+    """List every check id in the order they run."""
+    import json  # noqa: PLC0415
+
+    if as_json:
+        rows = [
+            {"id": c.id, "title": c.title, "severity": c.severity, "needs_spec": c.needs_spec}
+            for c in CHECKS
+        ]
+        click.echo(json.dumps(rows, indent=2))
+        return
+    width = max(len(c.id) for c in CHECKS)
+    for c in CHECKS:
+        click.echo(f"{c.id:<{width}}  {c.severity:<7}  {c.title}")
+
+
+def _probe(spec: SiteSpec | None, timeout: float) -> Facts:
+    from ct200_tools.probes import collect  # noqa: PLC0415
+
+    return collect(spec=spec, timeout_s=timeout)
+
+
+def _read_facts(path: Path) -> Facts:
+    from ct200_tools.facts import loads  # noqa: PLC0415
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise DoctorError(f"cannot read facts file {path}: {exc.strerror}") from None
+    try:
+        return loads(text)
+    except FactsFormatError as exc:
+        raise DoctorError(f"facts file {path}: {exc}") from None
+
+
+def _exit(code: int) -> NoReturn:
+    from ct200_tools.probes import stuck_probes  # noqa: PLC0415
+
+    if stuck_probes():
+        # A probe thread is stuck in a driver call; interpreter shutdown could wait on it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(code))
+    sys.exit(int(code))
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Console entry: every error becomes a message and an exit code, never a traceback."""
+    try:
+        cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
+    except SpecError as exc:
+        click.echo(f"ct200-doctor: {exc}", err=True)
+        for issue in exc.issues:
+            click.echo(f"  error: {issue}", err=True)
+        sys.exit(Exit.FAILURES)
+    except DoctorError as exc:
+        click.echo(f"ct200-doctor: {exc}", err=True)
+        sys.exit(Exit.FAILURES)
+    except click.exceptions.Abort:
+        click.echo("ct200-doctor: aborted", err=True)
+        sys.exit(Exit.DOCTOR_BROKE)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(Exit.FAILURES)
+    except BrokenPipeError:
+        os._exit(Exit.OK)  # `| head` closed our stdout: not an error
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: no traceback by default
+        click.echo(f"ct200-doctor: internal error: {type(exc).__name__}: {exc}", err=True)
+        if os.environ.get("CT200_DEBUG"):
+            traceback.print_exc()
+        else:
+            click.echo("  (set CT200_DEBUG=1 for the traceback; please report it)", err=True)
+        sys.exit(Exit.DOCTOR_BROKE)
+    sys.exit(Exit.OK)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,284 @@
+"""Facts: what the probes read off a machine, as plain frozen dataclasses that round-trip JSON.
+
+A sick machine's facts can be saved (`ct200-doctor snapshot`) and judged anywhere
+(`ct200-doctor check --facts FILE`); tests judge facts recorded on real machines.
+Anything a probe could not read is None in its field and explained in `Facts.unreadable`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+#: Bump when a field changes meaning or is removed; adding optional fields keeps the version.
+SCHEMA_VERSION = 1
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RemappedRows:
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failure: bool
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """One GPU as NVML sees it."""
+
+    index: int
+    name: str
+    #: Normalised sysfs form, lower case: 0000:00:06.0
+    pci_bus_id: str
+    uuid: str
+    memory_total_bytes: int | None = None
+    link_gen_current: int | None = None
+    link_width_current: int | None = None
+    #: Max link the GPU and the slot it sits in can do (nvmlDeviceGetMaxPcieLink*).
+    link_gen_max: int | None = None
+    link_width_max: int | None = None
+    #: The GPU's own capability, whatever the slot (nvmlDeviceGetGpuMaxPcieLinkGeneration).
+    device_link_gen_max: int | None = None
+    persistence_mode: bool | None = None
+    ecc_mode_current: bool | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows: RemappedRows | None = None
+    #: Bitmask of nvmlClocksEventReason* (formerly "throttle reasons").
+    clocks_event_reasons: int | None = None
+    cpu_affinity: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class TopoLink:
+    """One ordered GPU pair (a < b): common ancestor letter and P2P status."""
+
+    a: int
+    b: int
+    #: PIX, PXB, PHB, NODE, SYS, NV<n> or X (same board) -- the letters of `nvidia-smi topo -m`.
+    level: str | None
+    p2p_read: str | None = None
+    p2p_write: str | None = None
+
+
+@dataclass(frozen=True)
+class NvmlFacts:
+    driver_version: str | None = None
+    nvml_version: str | None = None
+    #: nvmlSystemGetCudaDriverVersion, e.g. 13000.
+    cuda_driver_version: int | None = None
+    gpus: tuple[GpuFacts, ...] = ()
+    links: tuple[TopoLink, ...] = ()
+
+
+@dataclass(frozen=True)
+class CudaFacts:
+    """Result of cuInit(0) in a child process."""
+
+    #: CUresult; None when the child never reported (timeout, libcuda missing).
+    code: int | None = None
+    name: str | None = None
+    device_count: int | None = None
+    driver_version: int | None = None
+    duration_s: float | None = None
+    timed_out: bool = False
+    #: Why there is no code, e.g. "libcuda.so.1 not found".
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class DevNode:
+    path: str
+    exists: bool
+    is_char: bool = False
+    major: int | None = None
+    minor: int | None = None
+    mode: int | None = None
+    #: 0 when open(O_RDWR) worked, else the errno; None when not tried.
+    open_errno: int | None = None
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    #: Character-device majors by driver name, from /proc/devices.
+    majors: dict[str, int] = field(default_factory=dict)
+    nodes: tuple[DevNode, ...] = ()
+
+    def node(self, path: str) -> DevNode | None:
+        return next((n for n in self.nodes if n.path == path), None)
+
+
+@dataclass(frozen=True)
+class PciFacts:
+    """One NVIDIA GPU function as sysfs sees it, independent of the driver."""
+
+    bdf: str
+    device_id: str | None = None
+    numa_node: int | None = None
+    local_cpus: tuple[int, ...] = ()
+    #: How many bytes of config space this process may read (64 when unprivileged).
+    config_readable: int | None = None
+    max_read_request: int | None = None
+    max_payload: int | None = None
+    max_link_speed: str | None = None
+    max_link_width: int | None = None
+    current_link_speed: str | None = None
+    current_link_width: int | None = None
+
+
+@dataclass(frozen=True)
+class KernelFacts:
+    release: str | None = None
+    cmdline: str | None = None
+    numa_balancing: int | None = None
+    #: Version from /proc/driver/nvidia/version; None when the module is not loaded.
+    nvidia_module_version: str | None = None
+    #: "lxc", "docker", "podman", "systemd-nspawn", other names, or "none".
+    container: str | None = None
+
+
+@dataclass(frozen=True)
+class MemoryFacts:
+    shm_path: str = "/dev/shm"
+    shm_exists: bool = False
+    shm_fstype: str | None = None
+    shm_size: int | None = None
+    shm_free: int | None = None
+    cgroup_version: int | None = None
+    #: None: no limit (or unreadable; see Facts.unreadable).
+    memory_max: int | None = None
+    memory_current: int | None = None
+    cpuset_cpus: str | None = None
+    cpuset_mems: str | None = None
+    mem_total: int | None = None
+    mem_available: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    name: str
+    source_exists: bool | None = None
+    source_bytes: int | None = None
+    staged_exists: bool | None = None
+    staged_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    name: str
+    duration_s: float
+    #: "ok", "error" (raised; see error) or "timeout".
+    outcome: str = "ok"
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Facts:
+    schema_version: int = SCHEMA_VERSION
+    collected_at: str = ""
+    hostname: str = ""
+    doctor_version: str = ""
+    kernel: KernelFacts | None = None
+    devices: DeviceFacts | None = None
+    pci: tuple[PciFacts, ...] | None = None
+    nvml: NvmlFacts | None = None
+    cuda: CudaFacts | None = None
+    memory: MemoryFacts | None = None
+    models: tuple[ModelFacts, ...] | None = None
+    probes: tuple[ProbeRun, ...] = ()
+    #: "<probe>[.<what>]" -> why it could not be read. Checks turn these into skips, never failures.
+    unreadable: dict[str, str] = field(default_factory=dict)
+
+    def why_unreadable(self, *keys: str) -> str | None:
+        """The first recorded reason for any key or key prefix, for skip messages."""
+        for key in keys:
+            for k, why in self.unreadable.items():
+                if k == key or k.startswith(key + "."):
+                    return f"{k}: {why}"
+        return None
+
+
+class FactsFormatError(ValueError):
+    """A facts document that this doctor cannot read."""
+
+
+def to_jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple | list):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    return obj
+
+
+def dumps(facts: Facts) -> str:
+    return json.dumps(to_jsonable(facts), indent=2, sort_keys=False) + "\n"
+
+
+def loads(text: str) -> Facts:
+    """Parse a facts document; FactsFormatError names what is wrong and what to do."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FactsFormatError(f"not JSON ({exc})") from None
+    if not isinstance(data, dict) or "schema_version" not in data:
+        raise FactsFormatError("not a ct200-doctor facts document (no schema_version)")
+    version = data["schema_version"]
+    if version != SCHEMA_VERSION:
+        raise FactsFormatError(
+            f"schema_version {version!r}, this doctor reads {SCHEMA_VERSION}: "
+            "take the snapshot again with this version of ct200-doctor"
+        )
+    try:
+        facts: Facts = _build(Facts, data, "facts")
+    except (TypeError, ValueError, KeyError) as exc:
+        raise FactsFormatError(str(exc)) from None
+    return facts
+
+
+def _build(tp: Any, value: Any, where: str) -> Any:  # noqa: PLR0912
+    """Rebuild a typed value from JSON data, checking types as it goes."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _build(inner[0], value, where)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise TypeError(f"{where}: expected an object, got {type(value).__name__}")
+        hints = typing.get_type_hints(tp)
+        known = {f.name for f in dataclasses.fields(tp)}
+        kwargs = {k: _build(hints[k], v, f"{where}.{k}") for k, v in value.items() if k in known}
+        try:
+            return tp(**kwargs)  # type: ignore[operator]
+        except TypeError as exc:
+            raise TypeError(f"{where}: {exc}") from None
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise TypeError(f"{where}: expected a list")
+        (item,) = typing.get_args(tp)[:1]
+        return tuple(_build(item, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise TypeError(f"{where}: expected an object")
+        _, vt = typing.get_args(tp)
+        return {str(k): _build(vt, v, f"{where}.{k}") for k, v in value.items()}
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise TypeError(f"{where}: expected a number")
+    if tp in (int, str, bool):
+        if type(value) is not tp:
+            raise TypeError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
+        return value
+    if tp is Any:
+        return value
+    raise TypeError(f"{where}: unsupported type {tp!r}")

@@ -1,0 +1,120 @@
+"""Probes read the machine into Facts. They judge nothing.
+
+All probes run at once: the CUDA child process starts first (it is the slowest, ~0.3 s on an
+H200), the others run in threads beside it, each with a deadline that names it when missed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ct200_tools import __version__
+from ct200_tools.facts import Facts, ProbeRun
+from ct200_tools.probes.base import Reader
+from ct200_tools.probes.cuda import CudaChild
+from ct200_tools.probes.devices import probe_devices
+from ct200_tools.probes.kernel import probe_kernel
+from ct200_tools.probes.memory import probe_memory
+from ct200_tools.probes.models import probe_models
+from ct200_tools.probes.nvml import probe_nvml
+from ct200_tools.probes.pci import probe_pci
+from ct200_tools.spec import SiteSpec
+
+DEFAULT_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A named reader of one Facts field."""
+
+    name: str
+    run: Callable[[Reader, SiteSpec | None], Any]
+
+
+#: In registry order; the Facts field has the probe's name.
+PROBES: tuple[Probe, ...] = (
+    Probe("kernel", lambda r, s: probe_kernel(r)),
+    Probe("devices", lambda r, s: probe_devices(r, s.gpus.count if s else None)),
+    Probe("pci", lambda r, s: probe_pci(r)),
+    Probe("nvml", lambda r, s: probe_nvml(r)),
+    Probe("memory", lambda r, s: probe_memory(r)),
+    Probe("models", lambda r, s: probe_models(r, s.models) if s else ()),
+)
+PROBE_NAMES = ("cuda", *(p.name for p in PROBES))
+
+
+class _Runner(threading.Thread):
+    def __init__(self, probe: Probe, reader: Reader, spec: SiteSpec | None) -> None:
+        # Daemon: a probe stuck in a driver call must not keep the doctor from exiting.
+        super().__init__(name=f"probe-{probe.name}", daemon=True)
+        self.probe, self.reader, self.spec = probe, reader, spec
+        self.value: Any = None
+        self.error: str | None = None
+        self.duration = 0.0
+
+    def run(self) -> None:
+        t0 = time.monotonic()
+        try:
+            self.value = self.probe.run(self.reader, self.spec)
+        except Exception as exc:  # noqa: BLE001 - a probe bug becomes a recorded fact, not a crash
+            self.error = f"{type(exc).__name__}: {exc}"
+        self.duration = time.monotonic() - t0
+
+
+def collect(
+    spec: SiteSpec | None = None,
+    root: Path | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    reader: Reader | None = None,
+    cuda: bool = True,
+) -> Facts:
+    """Run every probe in parallel; a probe past its deadline is recorded as timed out."""
+    r = reader or Reader(root=root or Path("/"))
+    t0 = time.monotonic()
+    child = CudaChild(timeout_s) if cuda else None
+    runners = [_Runner(p, r, spec) for p in PROBES]
+    for t in runners:
+        t.start()
+    deadline = t0 + timeout_s
+    fields: dict[str, Any] = {}
+    runs: list[ProbeRun] = []
+    for t in runners:
+        t.join(max(0.0, deadline - time.monotonic()))
+        name = t.probe.name
+        if t.is_alive():
+            why = f"probe {name} did not finish within {timeout_s:g} s"
+            r.note(name, why)
+            runs.append(ProbeRun(name, round(time.monotonic() - t0, 3), "timeout", why))
+        elif t.error:
+            r.note(name, f"probe failed: {t.error}")
+            runs.append(ProbeRun(name, round(t.duration, 3), "error", t.error))
+        else:
+            fields[name] = t.value
+            runs.append(ProbeRun(name, round(t.duration, 3)))
+    if child is not None:
+        facts_cuda = child.result()
+        fields["cuda"] = facts_cuda
+        outcome = "timeout" if facts_cuda.timed_out else "ok"
+        runs.insert(0, ProbeRun("cuda", facts_cuda.duration_s or 0.0, outcome, facts_cuda.error))
+        if facts_cuda.timed_out and facts_cuda.error:
+            r.note("cuda", facts_cuda.error)
+    return Facts(
+        collected_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        hostname=socket.gethostname(),
+        doctor_version=__version__,
+        probes=tuple(runs),
+        unreadable=dict(sorted(r.unreadable.items())),
+        **fields,
+    )
+
+
+def stuck_probes() -> list[str]:
+    """Probe threads still running (for the CLI: exit hard rather than wait on a hung driver)."""
+    return [t.name for t in threading.enumerate() if t.name.startswith("probe-") and t.is_alive()]

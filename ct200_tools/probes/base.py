@@ -1,0 +1,88 @@
+"""The probes' only door to the machine: a reader rooted at a directory.
+
+Production reads "/"; tests point `root` at a tree of files recorded on real machines and, for
+what a tree cannot hold (char devices, open() errors), override `stat_node` and `try_open`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class NodeStat:
+    is_char: bool
+    major: int
+    minor: int
+    mode: int
+
+
+@dataclass
+class Reader:
+    root: Path = Path("/")
+    #: Filled by the probes: "<probe>.<what>" -> reason. One dict per run, so probes running in
+    #: parallel each write their own keys.
+    unreadable: dict[str, str] = field(default_factory=dict)
+
+    def path(self, p: str) -> Path:
+        return self.root / p.lstrip("/")
+
+    def read_text(self, p: str) -> str:
+        return self.path(p).read_text(encoding="utf-8", errors="replace")
+
+    def read_bytes(self, p: str) -> bytes:
+        return self.path(p).read_bytes()
+
+    def exists(self, p: str) -> bool:
+        return self.path(p).exists()
+
+    def listdir(self, p: str) -> list[str]:
+        return sorted(os.listdir(self.path(p)))
+
+    def statvfs(self, p: str) -> os.statvfs_result:
+        return os.statvfs(self.path(p))
+
+    def stat_node(self, p: str) -> NodeStat | None:
+        """lstat a device node; None when absent. Raises OSError for other failures."""
+        try:
+            st = os.lstat(self.path(p))
+        except FileNotFoundError:
+            return None
+        return NodeStat(
+            is_char=stat.S_ISCHR(st.st_mode),
+            major=os.major(st.st_rdev),
+            minor=os.minor(st.st_rdev),
+            mode=stat.S_IMODE(st.st_mode),
+        )
+
+    def try_open(self, p: str) -> int:
+        """open(O_RDWR) and close at once: 0 or the errno. This is what libcuda does first.
+
+        O_NONBLOCK|O_NOCTTY keep a wrong node (a tty, a fifo) from blocking or grabbing us.
+        """
+        try:
+            fd = os.open(self.path(p), os.O_RDWR | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError as exc:
+            return exc.errno or errno.EIO
+        os.close(fd)
+        return 0
+
+    def note(self, key: str, why: str) -> None:
+        self.unreadable.setdefault(key, why)
+
+    def read_or_note(self, p: str, key: str) -> str | None:
+        """Read a text file, or record why not and return None."""
+        try:
+            return self.read_text(p)
+        except OSError as exc:
+            self.note(key, f"cannot read {p}: {exc.strerror or exc}")
+            return None
+
+
+def os_error_text(exc: OSError) -> str:
+    name = errno.errorcode.get(exc.errno or 0, "")
+    return f"{name} {exc.strerror}".strip() if exc.strerror else str(exc)

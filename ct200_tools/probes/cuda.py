@@ -1,0 +1,103 @@
+"""cuInit(0) in a child process, with a timeout: a hung driver must not hang the doctor.
+
+This is the check DCGM and gpud skip: nvidia-smi can work while cuInit fails (a container
+whose cgroup denies /dev/nvidia-uvm), and only cuInit tells.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from ct200_tools.facts import CudaFacts
+
+# Runs in `python -I -S` (no site, no user paths): ctypes only, prints one JSON line.
+CHILD = r"""
+import ctypes, json, sys
+out = {}
+try:
+    cuda = ctypes.CDLL("libcuda.so.1")
+except OSError as exc:
+    print(json.dumps({"error": "libcuda.so.1 not found: " + str(exc)})); sys.exit(0)
+code = cuda.cuInit(0)
+out["code"] = code
+name = ctypes.c_char_p()
+if cuda.cuGetErrorName(code, ctypes.byref(name)) == 0 and name.value:
+    out["name"] = name.value.decode()
+v = ctypes.c_int()
+if cuda.cuDriverGetVersion(ctypes.byref(v)) == 0:
+    out["driver_version"] = v.value
+if code == 0:
+    n = ctypes.c_int()
+    if cuda.cuDeviceGetCount(ctypes.byref(n)) == 0:
+        out["device_count"] = n.value
+print(json.dumps(out))
+"""
+
+#: The CUresult names the doctor explains, for facts recorded where cuGetErrorName failed.
+CU_NAMES = {
+    0: "CUDA_SUCCESS",
+    3: "CUDA_ERROR_NOT_INITIALIZED",
+    34: "CUDA_ERROR_STUB_LIBRARY",
+    100: "CUDA_ERROR_NO_DEVICE",
+    101: "CUDA_ERROR_INVALID_DEVICE",
+    304: "CUDA_ERROR_OPERATING_SYSTEM",
+    803: "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
+    804: "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
+    999: "CUDA_ERROR_UNKNOWN",
+}
+
+
+class CudaChild:
+    """Started first, joined last: the slowest probe runs alongside all the others."""
+
+    def __init__(self, timeout_s: float, python: str = sys.executable) -> None:
+        self.timeout_s = timeout_s
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [python, "-I", "-S", "-c", CHILD],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=os.environ.copy(),
+        )
+
+    def result(self) -> CudaFacts:
+        remaining = max(0.0, self.timeout_s - (time.monotonic() - self.started))
+        try:
+            out, err = self.proc.communicate(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            return CudaFacts(
+                timed_out=True,
+                duration_s=round(time.monotonic() - self.started, 3),
+                error=f"cuInit did not return within {self.timeout_s:g} s (driver hung?)",
+            )
+        duration = round(time.monotonic() - self.started, 3)
+        return parse_child_output(
+            out.decode(errors="replace"),
+            err.decode(errors="replace"),
+            self.proc.returncode,
+            duration,
+        )
+
+
+def parse_child_output(out: str, err: str, returncode: int, duration: float) -> CudaFacts:
+    try:
+        data = json.loads(out.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        tail = (err.strip().splitlines() or ["no output"])[-1]
+        return CudaFacts(duration_s=duration, error=f"cuInit child exited {returncode}: {tail}")
+    code = data.get("code")
+    return CudaFacts(
+        code=code,
+        name=data.get("name") or (CU_NAMES.get(code) if code is not None else None),
+        device_count=data.get("device_count"),
+        driver_version=data.get("driver_version"),
+        duration_s=duration,
+        error=data.get("error"),
+    )

@@ -1,0 +1,144 @@
+"""NVIDIA GPU functions from sysfs: NUMA node, CPUs, link, and MRRS/MPS from config space.
+
+Reads sysfs directly so it works when the driver is broken, and needs no lspci.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ct200_tools.facts import PciFacts
+from ct200_tools.probes.base import Reader
+
+NVIDIA_VENDOR = "0x10de"
+PCI_CAP_ID_EXP = 0x10
+#: The standard header ends here; an unprivileged reader sees only this much.
+STD_HEADER = 0x40
+
+
+@dataclass(frozen=True)
+class DevCtl:
+    max_read_request: int
+    max_payload: int
+
+
+class ConfigUnreadable(ValueError):
+    """The PCIe capability is not within the bytes this process could read."""
+
+
+def find_capability(cfg: bytes, cap_id: int) -> int | None:
+    """Offset of a capability in the standard list, or None if the device has none."""
+    if len(cfg) < STD_HEADER:
+        raise ConfigUnreadable(f"only {len(cfg)} bytes of config space")
+    status = int.from_bytes(cfg[0x06:0x08], "little")
+    if not status & 0x10:
+        return None
+    ptr = cfg[0x34] & 0xFC
+    seen: set[int] = set()
+    while ptr and ptr not in seen:
+        if ptr + 2 > len(cfg):
+            raise ConfigUnreadable(f"capability at {ptr:#x} is past the {len(cfg)} readable bytes")
+        seen.add(ptr)
+        if cfg[ptr] == cap_id:
+            return ptr
+        ptr = cfg[ptr + 1] & 0xFC
+    return None
+
+
+def parse_devctl(cfg: bytes) -> DevCtl | None:
+    """MRRS and MPS from the PCIe Device Control register (capability + 0x08).
+
+    Bits 14:12 and 7:5 encode 128 << n; n = 6 and 7 are reserved and rejected.
+    """
+    cap = find_capability(cfg, PCI_CAP_ID_EXP)
+    if cap is None:
+        return None
+    if cap + 0x0A > len(cfg):
+        raise ConfigUnreadable(f"PCIe capability at {cap:#x} is past the {len(cfg)} readable bytes")
+    devctl = int.from_bytes(cfg[cap + 0x08 : cap + 0x0A], "little")
+    mrrs_code, mps_code = (devctl >> 12) & 7, (devctl >> 5) & 7
+    if mrrs_code > 5 or mps_code > 5:
+        raise ValueError(f"reserved encoding in Device Control {devctl:#06x}")
+    return DevCtl(max_read_request=128 << mrrs_code, max_payload=128 << mps_code)
+
+
+def parse_cpulist(text: str) -> tuple[int, ...]:
+    """ "0-3,8,10-11" -> (0, 1, 2, 3, 8, 10, 11)."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return tuple(cpus)
+
+
+def _read_int(r: Reader, p: str) -> int | None:
+    try:
+        return int(r.read_text(p).strip(), 0)
+    except (OSError, ValueError):
+        return None
+
+
+def _read_str(r: Reader, p: str) -> str | None:
+    try:
+        return r.read_text(p).strip() or None
+    except OSError:
+        return None
+
+
+def probe_function(r: Reader, bdf: str) -> PciFacts:
+    base = f"/sys/bus/pci/devices/{bdf}"
+    key = f"pci.{bdf}"
+    numa = _read_int(r, f"{base}/numa_node")
+    if numa is not None and numa < 0:
+        r.note(f"{key}.numa_node", "sysfs numa_node is -1: the platform reports no NUMA node")
+        numa = None
+    cpus_text = _read_str(r, f"{base}/local_cpulist")
+    mrrs = mps = readable = None
+    try:
+        cfg = r.read_bytes(f"{base}/config")
+        readable = len(cfg)
+        ctl = parse_devctl(cfg)
+        if ctl is not None:
+            mrrs, mps = ctl.max_read_request, ctl.max_payload
+        else:
+            r.note(f"{key}.devctl", "no PCIe capability in config space")
+    except ConfigUnreadable as exc:
+        r.note(
+            f"{key}.devctl",
+            f"{exc}: config space beyond the header needs root on the host (run there)",
+        )
+    except (OSError, ValueError) as exc:
+        r.note(f"{key}.devctl", f"cannot read {base}/config: {exc}")
+    return PciFacts(
+        bdf=bdf,
+        device_id=_read_str(r, f"{base}/device"),
+        numa_node=numa,
+        local_cpus=parse_cpulist(cpus_text) if cpus_text else (),
+        config_readable=readable,
+        max_read_request=mrrs,
+        max_payload=mps,
+        max_link_speed=_read_str(r, f"{base}/max_link_speed"),
+        max_link_width=_read_int(r, f"{base}/max_link_width"),
+        current_link_speed=_read_str(r, f"{base}/current_link_speed"),
+        current_link_width=_read_int(r, f"{base}/current_link_width"),
+    )
+
+
+def probe_pci(r: Reader) -> tuple[PciFacts, ...]:
+    """Every NVIDIA display/3D controller function (class 0x03xxxx); audio functions skipped."""
+    base = "/sys/bus/pci/devices"
+    try:
+        names = r.listdir(base)
+    except OSError as exc:
+        r.note("pci", f"cannot list {base}: {exc.strerror}")
+        return ()
+    gpus = []
+    for bdf in names:
+        if _read_str(r, f"{base}/{bdf}/vendor") != NVIDIA_VENDOR:
+            continue
+        cls = _read_str(r, f"{base}/{bdf}/class") or ""
+        if cls.startswith("0x03"):
+            gpus.append(probe_function(r, bdf))
+    return tuple(gpus)
