@@ -1,0 +1,127 @@
+"""Inject real device-access faults for the GPU tests, the way the incident happened.
+
+- deny_major: a cgroup-v2 BPF device program (what LXC attaches for lxc.cgroup2.devices.allow)
+  that denies one character major; the child runs inside that cgroup.
+- replace_node: a private mount namespace where another node is bind-mounted over a device
+  node (a stale node whose major no longer matches /proc/devices).
+Linux, root and x86_64 only; stdlib + ctypes, so it runs where nothing can be installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import struct
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+SYS_BPF = 321  # x86_64
+BPF_PROG_LOAD, BPF_PROG_ATTACH = 5, 8
+BPF_PROG_TYPE_CGROUP_DEVICE = 15
+BPF_CGROUP_DEVICE = 6
+BPF_F_ALLOW_MULTI = 2
+CLONE_NEWNS = 0x00020000
+MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def _insn(code: int, dst: int, src: int, off: int, imm: int) -> bytes:
+    return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
+
+
+def device_program(deny_major: int) -> bytes:
+    """r2 = ctx->major; if r2 == deny_major return 0 (deny); return 1 (allow)."""
+    return b"".join(
+        [
+            _insn(0x61, 2, 1, 4, 0),  # ldxw r2, [r1 + 4]   (struct bpf_cgroup_dev_ctx.major)
+            _insn(0x15, 2, 0, 2, deny_major),  # jeq r2, imm, +2
+            _insn(0xB7, 0, 0, 0, 1),  # mov r0, 1
+            _insn(0x95, 0, 0, 0, 0),  # exit
+            _insn(0xB7, 0, 0, 0, 0),  # mov r0, 0
+            _insn(0x95, 0, 0, 0, 0),  # exit
+        ]
+    )
+
+
+def _bpf(cmd: int, attr: bytes) -> int:
+    buf = ctypes.create_string_buffer(attr, 128)
+    ret = _libc.syscall(SYS_BPF, cmd, buf, 128)
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"bpf({cmd}): {os.strerror(err)}")
+    return int(ret)
+
+
+def load_device_program(deny_major: int) -> int:
+    prog = device_program(deny_major)
+    insns = ctypes.create_string_buffer(prog, len(prog))
+    license_ = ctypes.create_string_buffer(b"GPL")
+    attr = struct.pack(
+        "<IIQQ",
+        BPF_PROG_TYPE_CGROUP_DEVICE,
+        len(prog) // 8,
+        ctypes.addressof(insns),
+        ctypes.addressof(license_),
+    )
+    return _bpf(BPF_PROG_LOAD, attr)
+
+
+def run_denied(
+    argv: Sequence[str], deny_major: int, cgroup_root: str = "/sys/fs/cgroup", timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run argv in a fresh cgroup whose device program denies `deny_major`."""
+    cg = Path(cgroup_root) / f"ct200-fault-{os.getpid()}"
+    cg.mkdir(exist_ok=True)
+    prog_fd = load_device_program(deny_major)
+    cg_fd = os.open(cg, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        _bpf(
+            BPF_PROG_ATTACH,
+            struct.pack("<IIII", cg_fd, prog_fd, BPF_CGROUP_DEVICE, BPF_F_ALLOW_MULTI),
+        )
+        procs = str(cg / "cgroup.procs")
+
+        def enter() -> None:  # runs in the child between fork and exec
+            with open(procs, "w") as fh:
+                fh.write(str(os.getpid()))
+
+        return subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            preexec_fn=enter,
+            check=False,
+        )
+    finally:
+        os.close(cg_fd)
+        os.close(prog_fd)
+        with contextlib.suppress(OSError):
+            cg.rmdir()
+
+
+def run_with_node_replaced(
+    argv: Sequence[str], node: str, replacement: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run argv in a private mount namespace where `replacement` is bind-mounted over `node`."""
+
+    def enter() -> None:
+        if _libc.unshare(CLONE_NEWNS) != 0:
+            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+        if _libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+            raise OSError(ctypes.get_errno(), "make / private")
+        if _libc.mount(replacement.encode(), node.encode(), None, MS_BIND, None) != 0:
+            raise OSError(ctypes.get_errno(), f"bind {replacement} over {node}")
+
+    return subprocess.run(
+        list(argv), capture_output=True, text=True, timeout=timeout, preexec_fn=enter, check=False
+    )
+
+
+def doctor_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ct200_tools.cli.doctor", *args]

@@ -1,0 +1,194 @@
+"""The doctor on a real GPU: facts against nvidia-smi, CUDA init, and real injected faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ct200_tools.facts import Facts
+from ct200_tools.probes import collect
+from ct200_tools.probes.devices import parse_proc_devices
+from tests.gpu import faults, nvsmi
+
+pytestmark = pytest.mark.gpu
+
+CUINIT = "import ctypes; print(ctypes.CDLL('libcuda.so.1').cuInit(0))"
+
+
+@pytest.fixture(scope="module")
+def facts() -> Facts:
+    return collect()
+
+
+def uvm_major() -> int:
+    return parse_proc_devices(Path("/proc/devices").read_text())["nvidia-uvm"]
+
+
+def doctor_json(result: subprocess.CompletedProcess[str]) -> dict[str, dict[str, object]]:
+    assert result.stdout, result.stderr
+    return {c["id"]: c for c in json.loads(result.stdout)["checks"]}
+
+
+def test_gpus_match_nvidia_smi(facts: Facts, smi_gpus: list[dict[str, str]]) -> None:
+    assert facts.nvml is not None, facts.unreadable
+    assert len(facts.nvml.gpus) == len(smi_gpus)
+    for g, s in zip(facts.nvml.gpus, smi_gpus, strict=True):
+        assert g.index == int(s["index"])
+        assert g.name == s["name"]
+        assert g.pci_bus_id == nvsmi_bus(s["pci.bus_id"])
+        assert g.uuid == s["uuid"]
+        assert g.memory_total_bytes is not None
+        assert g.memory_total_bytes // 2**20 == int(s["memory.total"])
+        assert g.link_gen_max == int(s["pcie.link.gen.max"])
+        assert g.link_width_max == int(s["pcie.link.width.max"])
+        assert g.persistence_mode == (s["persistence_mode"] == "Enabled")
+
+
+def nvsmi_bus(bus: str) -> str:
+    domain, rest = bus.lower().split(":", 1)
+    return f"{int(domain, 16):04x}:{rest}"
+
+
+def test_topology_and_p2p_match_nvidia_smi(facts: Facts) -> None:
+    assert facts.nvml is not None
+    n = len(facts.nvml.gpus)
+    links = {(link.a, link.b): link for link in facts.nvml.links}
+    assert len(links) == n * (n - 1) // 2
+    topo = nvsmi.parse_matrix(nvsmi.run("topo", "-m"))
+    p2p_r = nvsmi.parse_matrix(nvsmi.run("topo", "-p2p", "r"))
+    p2p_w = nvsmi.parse_matrix(nvsmi.run("topo", "-p2p", "w"))
+    assert set(topo) == set(links)
+    for pair, link in links.items():
+        assert link.level == topo[pair], pair
+        assert link.p2p_read == p2p_r[pair], pair
+        assert link.p2p_write == p2p_w[pair], pair
+
+
+def test_numa_node_matches_sysfs_and_nvidia_smi(facts: Facts) -> None:
+    assert facts.nvml is not None and facts.pci is not None
+    pci = {p.bdf: p for p in facts.pci}
+    affinity = nvsmi.parse_numa_affinity(nvsmi.run("topo", "-m"))
+    for g in facts.nvml.gpus:
+        raw = int(Path(f"/sys/bus/pci/devices/{g.pci_bus_id}/numa_node").read_text())
+        assert pci[g.pci_bus_id].numa_node == (raw if raw >= 0 else None)
+        shown = affinity.get(g.index)
+        if shown is not None and shown.isdigit():
+            assert pci[g.pci_bus_id].numa_node == int(shown)
+
+
+def test_cuda_initialises(facts: Facts, smi_gpus: list[dict[str, str]]) -> None:
+    assert facts.cuda is not None
+    assert facts.cuda.code == 0, facts.cuda
+    assert facts.cuda.device_count == len(smi_gpus)
+
+
+def test_healthy_machine_has_no_failure(machine_spec: Path) -> None:
+    r = subprocess.run(
+        faults.doctor_argv("check", "--json", "--spec", str(machine_spec)),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    checks = doctor_json(r)
+    failing = {k: v["summary"] for k, v in checks.items() if v["status"] == "fail"}
+    assert failing == {}
+    assert r.returncode == 0, r.stderr
+    for must_pass in (
+        "driver.module",
+        "driver.nvml",
+        "driver.versions",
+        "dev.nodes",
+        "dev.majors",
+        "dev.open",
+        "gpu.cuda_init",
+        "gpu.count",
+        "gpu.model",
+        "gpu.pcie_link",
+    ):
+        assert checks[must_pass]["status"] == "pass", (must_pass, checks[must_pass])
+
+
+def test_cgroup_denying_uvm_is_diagnosed(machine_spec: Path, raw_lxc_spec: Path) -> None:
+    major = uvm_major()
+    # Ground truth first: the injected fault really breaks CUDA the way the incident did.
+    truth = faults.run_denied([sys.executable, "-c", CUINIT], major)
+    assert truth.stdout.strip() not in ("", "0"), truth
+    r = faults.run_denied(faults.doctor_argv("check", "--json", "--spec", str(machine_spec)), major)
+    assert r.returncode == 2, r.stderr
+    checks = doctor_json(r)
+    cuda = checks["gpu.cuda_init"]
+    assert cuda["status"] == "fail"
+    assert f"denies c {major}:0 (nvidia-uvm)" in str(cuda["summary"])
+    assert "EPERM" in str(cuda["summary"])
+    fix = cuda["remediation"]
+    assert isinstance(fix, dict)
+    assert fix["where"] == "host"
+    assert fix["command"] == "devN: /dev/nvidia-uvm,mode=0666"
+    assert checks["dev.open"]["status"] == "fail"
+    assert checks["dev.majors"]["status"] == "pass"  # the node is right; the cgroup is not
+    raw = doctor_json(
+        faults.run_denied(faults.doctor_argv("check", "--json", "--spec", str(raw_lxc_spec)), major)
+    )
+    raw_fix = raw["gpu.cuda_init"]["remediation"]
+    assert isinstance(raw_fix, dict)
+    assert f"lxc.cgroup2.devices.allow: c {major}:* rwm" in str(raw_fix["command"])
+
+
+def test_stale_uvm_node_is_diagnosed(machine_spec: Path) -> None:
+    major = uvm_major()
+    truth = faults.run_with_node_replaced(
+        [sys.executable, "-c", CUINIT], "/dev/nvidia-uvm", "/dev/null"
+    )
+    assert truth.stdout.strip() not in ("", "0"), truth
+    r = faults.run_with_node_replaced(
+        faults.doctor_argv("check", "--json", "--spec", str(machine_spec)),
+        "/dev/nvidia-uvm",
+        "/dev/null",
+    )
+    assert r.returncode == 2, r.stderr
+    checks = doctor_json(r)
+    assert checks["dev.majors"]["status"] == "fail"
+    want = f"/dev/nvidia-uvm is c 1:3 but /proc/devices gives nvidia-uvm major {major}"
+    assert any(want in e for e in checks["dev.majors"]["evidence"])  # type: ignore[union-attr]
+    assert checks["gpu.cuda_init"]["status"] == "fail"
+    assert want in str(checks["gpu.cuda_init"]["summary"])
+
+
+def test_snapshot_judged_elsewhere_gives_same_findings(machine_spec: Path, tmp_path: Path) -> None:
+    snap = subprocess.run(
+        faults.doctor_argv("snapshot", "--spec", str(machine_spec)),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    path = tmp_path / "facts.json"
+    path.write_text(snap.stdout)
+    live = doctor_json(
+        subprocess.run(
+            faults.doctor_argv("check", "--json", "--spec", str(machine_spec)),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+    )
+    saved = doctor_json(
+        subprocess.run(
+            faults.doctor_argv(
+                "check", "--json", "--spec", str(machine_spec), "--facts", str(path)
+            ),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+            env={**os.environ},
+        )
+    )
+    assert {k: v["status"] for k, v in live.items()} == {k: v["status"] for k, v in saved.items()}
