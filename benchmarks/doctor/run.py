@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
-    doctor = [sys.executable, "-m", "ct200_tools.cli.doctor", "check", "--spec", a.spec]
+    doctor = [sys.executable, "-m", "ct200_tools.cli.entry", "check", "--spec", a.spec]
     contenders = {
         "ct200-doctor check": doctor,
         "bare cuInit (python -c ctypes)": [sys.executable, "-c", CUINIT],

@@ -7,35 +7,11 @@ whose cgroup denies /dev/nvidia-uvm), and only cuInit tells.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 
 from ct200_tools.facts import CudaFacts
-
-# Runs in `python -I -S` (no site, no user paths): ctypes only, prints one JSON line.
-CHILD = r"""
-import ctypes, json, sys
-out = {}
-try:
-    cuda = ctypes.CDLL("libcuda.so.1")
-except OSError as exc:
-    print(json.dumps({"error": "libcuda.so.1 not found: " + str(exc)})); sys.exit(0)
-code = cuda.cuInit(0)
-out["code"] = code
-name = ctypes.c_char_p()
-if cuda.cuGetErrorName(code, ctypes.byref(name)) == 0 and name.value:
-    out["name"] = name.value.decode()
-v = ctypes.c_int()
-if cuda.cuDriverGetVersion(ctypes.byref(v)) == 0:
-    out["driver_version"] = v.value
-if code == 0:
-    n = ctypes.c_int()
-    if cuda.cuDeviceGetCount(ctypes.byref(n)) == 0:
-        out["device_count"] = n.value
-print(json.dumps(out))
-"""
+from ct200_tools.warmup import take_cuda_child
 
 #: The CUresult names the doctor explains, for facts recorded where cuGetErrorName failed.
 CU_NAMES = {
@@ -54,16 +30,9 @@ CU_NAMES = {
 class CudaChild:
     """Started first, joined last: the slowest probe runs alongside all the others."""
 
-    def __init__(self, timeout_s: float, python: str = sys.executable) -> None:
+    def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(
-            [python, "-I", "-S", "-c", CHILD],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=os.environ.copy(),
-        )
+        self.proc, self.started = take_cuda_child()
 
     def result(self) -> CudaFacts:
         remaining = max(0.0, self.timeout_s - (time.monotonic() - self.started))

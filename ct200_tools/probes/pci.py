@@ -5,6 +5,7 @@ Reads sysfs directly so it works when the driver is broken, and needs no lspci.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ct200_tools.facts import PciFacts
@@ -87,13 +88,24 @@ def _read_str(r: Reader, p: str) -> str | None:
         return None
 
 
+def single_numa_node(r: Reader) -> int | None:
+    """The node, when the machine has exactly one: then -1 in sysfs still means that node
+    (nvidia-smi shows it the same way)."""
+    try:
+        nodes = [n for n in r.listdir("/sys/devices/system/node") if re.fullmatch(r"node\d+", n)]
+    except OSError:
+        return None
+    return int(nodes[0][4:]) if len(nodes) == 1 else None
+
+
 def probe_function(r: Reader, bdf: str) -> PciFacts:
     base = f"/sys/bus/pci/devices/{bdf}"
     key = f"pci.{bdf}"
     numa = _read_int(r, f"{base}/numa_node")
     if numa is not None and numa < 0:
-        r.note(f"{key}.numa_node", "sysfs numa_node is -1: the platform reports no NUMA node")
-        numa = None
+        numa = single_numa_node(r)
+        if numa is None:
+            r.note(f"{key}.numa_node", "sysfs numa_node is -1: the platform reports no NUMA node")
     cpus_text = _read_str(r, f"{base}/local_cpulist")
     mrrs = mps = readable = None
     try:

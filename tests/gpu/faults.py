@@ -124,4 +124,4 @@ def run_with_node_replaced(
 
 
 def doctor_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "ct200_tools.cli.doctor", *args]
+    return [sys.executable, "-m", "ct200_tools.cli.entry", *args]

@@ -75,7 +75,13 @@ def test_numa_node_matches_sysfs_and_nvidia_smi(facts: Facts) -> None:
     affinity = nvsmi.parse_numa_affinity(nvsmi.run("topo", "-m"))
     for g in facts.nvml.gpus:
         raw = int(Path(f"/sys/bus/pci/devices/{g.pci_bus_id}/numa_node").read_text())
-        assert pci[g.pci_bus_id].numa_node == (raw if raw >= 0 else None)
+        nodes = [n for n in os.listdir("/sys/devices/system/node") if n[4:].isdigit()]
+        if raw >= 0:
+            assert pci[g.pci_bus_id].numa_node == raw
+        elif len(nodes) == 1:  # -1 on a one-node machine: that node, as nvidia-smi says too
+            assert pci[g.pci_bus_id].numa_node == int(nodes[0][4:])
+        else:
+            assert pci[g.pci_bus_id].numa_node is None
         shown = affinity.get(g.index)
         if shown is not None and shown.isdigit():
             assert pci[g.pci_bus_id].numa_node == int(shown)
