@@ -55,7 +55,7 @@ def spawn_cuda_child() -> tuple[subprocess.Popen[bytes], float]:
 
 def take_cuda_child() -> tuple[subprocess.Popen[bytes], float]:
     """The prestarted child if there is one (once), else a new one."""
-    global _prestarted  # noqa: PLW0603 - one slot, filled by start() and emptied here
+    global _prestarted
     got, _prestarted = _prestarted, None
     return got or spawn_cuda_child()
 

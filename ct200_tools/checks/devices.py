@@ -127,7 +127,7 @@ def remedy_for(ctx: Context, pr: NodeProblem) -> Remedy:
                     f"lxc.mount.entry: {pr.path} {pr.path[1:]} none bind,optional,create=file"
                 )
             return Remedy(
-                f"on the host, allow {drv}'s current major {major} in {conf} (read it with "
+                f"allow {drv}'s current major {major} in {conf} (read it with "
                 f"awk '$2==\"{drv}\"{{print $1}}' /proc/devices), then pct reboot {_vmid(ctx)}",
                 "host",
                 "\n".join(lines),
@@ -135,9 +135,9 @@ def remedy_for(ctx: Context, pr: NodeProblem) -> Remedy:
             )
         if pr.kind in ("denied", "missing", "wrong_major"):
             return Remedy(
-                f"on the host, pass the node through by path in {conf} (pve-container then "
+                f"pass the node through by path in {conf} (pve-container then "
                 f"allows its current major at every start; N = the next free dev index), "
-                f"make sure it exists on the host (nvidia-modprobe -u -c0), then "
+                f"make sure it exists on the host first (nvidia-modprobe -u -c0), then "
                 f"pct reboot {_vmid(ctx)}",
                 "host",
                 f"devN: {pr.path},mode=0666",

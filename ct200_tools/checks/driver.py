@@ -44,11 +44,14 @@ def check_nvml(ctx: Context) -> Outcome:
     if ctx.facts.nvml is not None:
         n = ctx.facts.nvml
         return passed(f"NVML {n.nvml_version} sees {len(n.gpus)} GPU(s), driver {n.driver_version}")
-    why = ctx.facts.unreadable.get("nvml", "NVML was not queried")
-    if not (ctx.facts.kernel and ctx.facts.kernel.nvidia_module_version):
+    why = ctx.facts.unreadable.get("nvml")
+    if why is None:
+        return skipped("NVML was not probed")
+    k = ctx.facts.kernel
+    if k is not None and not k.nvidia_module_version:
         return failed(f"NVML unavailable: {why}", MODULE_FIX, "the kernel module is not loaded")
     if "not installed" in why or "Library Not Found" in why:
-        version = ctx.facts.kernel.nvidia_module_version
+        version = (k.nvidia_module_version if k else None) or "<version>"
         return failed(
             f"NVML unavailable: {why}",
             Remedy(

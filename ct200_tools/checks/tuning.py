@@ -23,7 +23,7 @@ def check_numa_balancing(ctx: Context) -> Outcome:
     return failed(
         f"kernel.numa_balancing = {have}, the spec wants {want}",
         Remedy(
-            "set it on the host (a container cannot) and persist it in /etc/sysctl.d/",
+            "set the host sysctl and persist it in /etc/sysctl.d/ (a container cannot change it)",
             ctx.host_where,
             f"sysctl -w kernel.numa_balancing={want}",
             "host_tuning",
@@ -44,7 +44,7 @@ def check_mrrs(ctx: Context) -> Outcome:
     if len(unreadable) == len(pci):
         return skipped(
             "MRRS cannot be read here: config space beyond the header needs root on the host "
-            "(run ct200-doctor check --host, or on the host)",
+            "(run ct200-doctor check on the host)",
             ctx.unreadable("pci") or "",
         )
     wrong = [p for p in pci if p.max_read_request is not None and p.max_read_request != want]
@@ -76,7 +76,7 @@ def check_iommu(ctx: Context) -> Outcome:
             "IOMMU translation is on without passthrough: GPU P2P goes through the root complex",
             Remedy(
                 "add iommu=pt to the host kernel command line and reboot",
-                "host",
+                ctx.host_where,
                 'GRUB_CMDLINE_LINUX_DEFAULT="... iommu=pt" then update-grub',
                 "host_tuning",
             ),
