@@ -7,8 +7,12 @@ with its field path and the fix, not only the first.
 
 from __future__ import annotations
 
+import math
+import os
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
+from fractions import Fraction
 from typing import Literal
 
 Passthrough = Literal["devn", "raw-lxc"]
@@ -144,3 +148,78 @@ class SiteSpec:
 
     def model(self, name: str) -> ModelSpec | None:
         return next((m for m in self.models if m.name == name), None)
+
+
+# Binary like tmpfs's size= option, so a size here means the same as in the mount that uses it.
+_SIZE_RE = re.compile(r"([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*([kmgtpe]?)(i?b?)", re.IGNORECASE)
+_SHIFTS = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40, "p": 50, "e": 60}
+
+
+def parse_size(value: str | int) -> int:
+    """Bytes from a size as tmpfs takes it: 1200G, 512M, 1.5T, 64GiB, 4096 or an int of bytes.
+
+    K/M/G/T/P/E are powers of 1024; "GB" is refused as ambiguous. Fractions round up to a byte.
+    Raises ValueError, with the accepted forms, on anything else.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"a size is a string like 1200G or an integer, not {type(value).__name__}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("a size cannot be negative")
+        return value
+    match = _SIZE_RE.fullmatch(value.strip())
+    unit, suffix = (match.group(2).lower(), match.group(3).lower()) if match else ("", "")
+    if match is None or (suffix in ("i", "ib") and not unit) or (suffix == "b" and unit):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        reason = (
+            f"{unit.upper()}B is ambiguous (powers of 1000 or 1024?)" if match else "not a size"
+        )
+        raise ValueError(
+            f"{shown!r}: {reason}; write e.g. 1200G, 1200GiB, 512M, 1.5T or 4096 (bytes); "
+            "K/M/G/T are binary, as for tmpfs"
+        )
+    return math.ceil(Fraction(match.group(1)) * (1 << _SHIFTS[unit]))
+
+
+def _plain(value: object) -> object:
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def spec_to_dict(spec: SiteSpec) -> dict[str, object]:
+    """The canonical plain form, to write under ct200_site (e.g. in /etc/ct200/site.yml).
+
+    Every field is written, defaults and nulls included, so a reader never needs our defaults;
+    validate(spec_to_dict(s)) equals s apart from source.
+    """
+    skip = ("warnings", "source")
+    return {f.name: _plain(getattr(spec, f.name)) for f in fields(spec) if f.name not in skip}
+
+
+def validate(data: object, source: str = "") -> SiteSpec:
+    """A SiteSpec from the mapping under ct200_site; warnings go into SiteSpec.warnings.
+
+    Raises SpecError with every error found, each with its path (e.g. servers[1].gpus[2]) and
+    fix; SpecError.issues holds errors only, so warnings show once the errors are fixed.
+    """
+    return _rules.validate(data, source)
+
+
+def load_spec(path: str | os.PathLike[str]) -> SiteSpec:
+    """The spec from a YAML file with a top-level ct200_site, or from an inventory directory.
+
+    In a directory exactly one group_vars/**/*.yml|yaml file must define ct200_site. Raises
+    SpecError for unreadable files, YAML errors (with line and column), Jinja in values, and
+    everything validate() finds.
+    """
+    return _rules.load_spec(path)
+
+
+# At the end: specload imports the types above, and a module object is safe to bind in either
+# import order (a from-import of its functions would not be).
+from ct200_tools import specload as _rules  # noqa: E402
