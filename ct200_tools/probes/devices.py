@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 
 from ct200_tools.facts import DeviceFacts, DevNode
 from ct200_tools.probes.base import Reader
@@ -55,6 +56,10 @@ def _node_order(p: str) -> tuple[int, int, str]:
     return (0 if p in CORE_NODES else 2, 0, p)
 
 
+def opened_by_cuda(path: str) -> bool:
+    return path in CORE_NODES or re.fullmatch(r"/dev/nvidia\d+", path) is not None
+
+
 def inspect_node(r: Reader, path: str) -> DevNode:
     try:
         st = r.stat_node(path)
@@ -63,8 +68,9 @@ def inspect_node(r: Reader, path: str) -> DevNode:
         return DevNode(path=path, exists=True)
     if st is None:
         return DevNode(path=path, exists=False)
-    # Only char nodes are opened: opening whatever else sits at the path proves nothing.
-    errno_ = r.try_open(path) if st.is_char else None
+    # Open only what libcuda opens, and only char nodes: opening whatever else sits at the path
+    # proves nothing, and MIG capability or NVSwitch nodes are none of CUDA's start-up.
+    errno_ = r.try_open(path) if st.is_char and opened_by_cuda(path) else None
     return DevNode(
         path=path,
         exists=True,
