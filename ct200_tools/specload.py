@@ -915,9 +915,28 @@ def read_text(file: Path) -> str:
         fail(str(file), f"cannot read it: {exc}", "check the path and its permissions")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key written twice: PyYAML keeps the last one silently, so a
+    second `port:` would quietly win over the first."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[object, object]:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str | int) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"found duplicate key {key!r}",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def parse_yaml(text: str, source: str) -> object:
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -925,7 +944,7 @@ def parse_yaml(text: str, source: str) -> object:
         fail(
             source,
             f"YAML error{where}: {problem}",
-            "fix the YAML there (indentation, a missing "
+            "fix the YAML there (a key written twice, indentation, a missing "
             "':' or an unclosed quote are the usual causes)",
         )
     except (yaml.YAMLError, ValueError, RecursionError) as exc:

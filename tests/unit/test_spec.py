@@ -583,6 +583,14 @@ def test_yaml_error_has_line_and_column(tmp_path: Path) -> None:
     assert caught.value.issues[0].fix
 
 
+def test_duplicate_key_is_an_error_not_a_silent_override(tmp_path: Path) -> None:
+    text = "ct200_site:\n  gpus: {count: 1, model: a}\n  gpus: {count: 2, model: b}\n"
+    with pytest.raises(SpecError) as caught:
+        load_spec(write(tmp_path / "site.yml", text))
+    assert "duplicate key 'gpus'" in caught.value.issues[0].message
+    assert "line 3" in caught.value.issues[0].message
+
+
 def test_bare_spec_is_refused_with_the_key_to_add(tmp_path: Path) -> None:
     bare = write(tmp_path / "site.yml", yaml.safe_dump(example()))
     with pytest.raises(SpecError) as caught:
