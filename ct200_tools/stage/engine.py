@@ -1,0 +1,405 @@
+"""The copy engine: read a chunk, hash it, check it, write it; many chunks at once.
+
+Work is cut into chunks (64 MiB) handed out in file order to a pool of threads, so one huge shard
+uses every thread and a kill loses only the few files in flight. Each thread reads into its own
+page-aligned buffer, hashes the bytes it holds (verification costs no second pass) and writes the
+same buffer to the destination. Threads suffice: read, write and the hash release the GIL.
+
+Reads use O_DIRECT where the source filesystem allows it ("auto"): restaging is bound by the disk,
+and O_DIRECT skips the page cache copy (CPU) and the page cache itself, which would otherwise be
+charged to the same memory cgroup as the tmpfs we are filling. Buffered reads drop the pages they
+brought in (POSIX_FADV_DONTNEED) for the same reason. The source is opened O_RDONLY|O_NOATIME:
+staging never changes it, not even its atime.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, TypeVar
+
+from ct200_tools.stage.errors import CapacityError, SourceError, StageError, VerifyError
+from ct200_tools.stage.hashing import Hasher, new_hasher
+from ct200_tools.stage.manifest import chunk_count
+
+ReadMode = Literal["auto", "direct", "buffered"]
+READ_MODES: tuple[ReadMode, ...] = ("auto", "direct", "buffered")
+#: O_DIRECT wants offsets, lengths and buffers aligned to the logical block size (512 or 4096).
+ALIGN = 4096
+DEFAULT_BUFFER = 8 << 20
+
+Progress = Callable[[int], None]
+T = TypeVar("T")
+FileDone = Callable[["FileJob", tuple[str, ...]], None]
+
+
+@dataclass(frozen=True)
+class FileJob:
+    path: str
+    size: int
+    #: Chunk hashes to check against; None computes them (making a manifest).
+    expected: tuple[str, ...] | None = None
+    #: Also compute the whole file's sha256 (one sequential pass; for the LFS cross-check).
+    sha256: bool = False
+
+
+@dataclass
+class EngineResult:
+    digests: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    sha256: dict[str, str] = field(default_factory=dict)
+    bytes: int = 0
+    direct_reads: bool = False
+
+
+@dataclass
+class _FileState:
+    job: FileJob
+    digests: list[str]
+    remaining: int
+
+
+@dataclass(frozen=True)
+class _Task:
+    file: int
+    first_chunk: int
+    last_chunk: int  # exclusive
+
+
+@dataclass
+class _Run:
+    src_root: str
+    dst_root: str | None
+    on_file_done: FileDone | None
+    states: list[_FileState]
+    tasks: Iterator[_Task]
+    result: EngineResult
+
+
+class _Abort(Exception):
+    pass
+
+
+class ChunkEngine:
+    def __init__(
+        self,
+        *,
+        algorithm: str,
+        chunk_size: int,
+        jobs: int,
+        read_mode: ReadMode = "auto",
+        buffer_size: int = DEFAULT_BUFFER,
+        drop_cache: bool = True,
+        progress: Progress | None = None,
+    ) -> None:
+        if chunk_size % ALIGN or buffer_size % ALIGN:
+            raise ValueError("chunk and buffer sizes must be multiples of 4096")
+        new_hasher(algorithm)  # fail now, not in a thread
+        self.algorithm = algorithm
+        self.chunk_size = chunk_size
+        self.jobs = max(1, jobs)
+        self.read_mode: ReadMode = read_mode
+        self.buffer_size = min(buffer_size, chunk_size)
+        self.drop_cache = drop_cache
+        self.progress = progress or (lambda _n: None)
+        self._direct = read_mode != "buffered"
+        self._lock = threading.Lock()
+        self._abort = threading.Event()
+        self._errors: list[BaseException] = []
+
+    def cancel(self) -> None:
+        self._abort.set()
+
+    def run(
+        self,
+        src_root: str,
+        files: Sequence[FileJob],
+        dst_root: str | None = None,
+        on_file_done: FileDone | None = None,
+    ) -> EngineResult:
+        """Process every file; raises the first StageError (with the others as details)."""
+        self._abort.clear()
+        self._errors = []
+        states = [_FileState(j, [""] * chunk_count(j.size, self.chunk_size), 0) for j in files]
+        run = _Run(src_root, dst_root, on_file_done, states, self._tasks(states), EngineResult())
+        pending = sum(s.remaining for s in states)
+        threads = [
+            threading.Thread(target=self._worker, args=(run,), name=f"stage-{i}", daemon=True)
+            for i in range(min(self.jobs, max(1, pending)))
+        ]
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.2)
+        except BaseException:
+            self._abort.set()
+            for t in threads:
+                t.join()
+            raise
+        if self._errors:
+            raise self._combined_error()
+        if self._abort.is_set():
+            raise StageError("cancelled", "run the same command again; verified files are kept")
+        return run.result
+
+    def _worker(self, run: _Run) -> None:
+        buf = mmap.mmap(-1, self.buffer_size)  # page-aligned, as O_DIRECT requires
+        view = memoryview(buf)
+        try:
+            while not self._abort.is_set():
+                with self._lock:
+                    task = next(run.tasks, None)
+                if task is None:
+                    return
+                self._run_task(run, task, view)
+        except _Abort:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread, which raises it
+            with self._lock:
+                self._errors.append(exc)
+            self._abort.set()
+        finally:
+            view.release()
+            buf.close()
+
+    def _run_task(self, run: _Run, task: _Task, view: memoryview) -> None:
+        state = run.states[task.file]
+        digests, sha, direct = self._do_task(run.src_root, run.dst_root, state, task, view)
+        with self._lock:
+            state.digests[task.first_chunk : task.last_chunk] = digests
+            if sha is not None:
+                run.result.sha256[state.job.path] = sha
+            run.result.direct_reads |= direct
+            run.result.bytes += _task_bytes(state.job, task, self.chunk_size)
+            state.remaining -= 1
+            if state.remaining:
+                return
+            done = tuple(state.digests)
+            run.result.digests[state.job.path] = done
+        if run.on_file_done is not None:
+            run.on_file_done(state.job, done)
+
+    def _tasks(self, states: list[_FileState]) -> Iterator[_Task]:
+        # A file that needs a whole-file sha256 is one task; otherwise one task per chunk, in
+        # file order, so a stage finishes files one after another and a kill loses little.
+        plan: list[_Task] = []
+        for i, s in enumerate(states):
+            n = len(s.digests)
+            if s.job.sha256 or n <= 1:
+                plan.append(_Task(i, 0, n))
+            else:
+                plan.extend(_Task(i, c, c + 1) for c in range(n))
+        for t in plan:
+            states[t.file].remaining += 1
+        return iter(plan)
+
+    def _do_task(
+        self,
+        src_root: str,
+        dst_root: str | None,
+        state: _FileState,
+        task: _Task,
+        view: memoryview,
+    ) -> tuple[list[str], str | None, bool]:
+        job = state.job
+        src_path = os.path.join(src_root, job.path)
+        start = task.first_chunk * self.chunk_size
+        end = min(job.size, task.last_chunk * self.chunk_size)
+        sha = _sha256() if job.sha256 else None
+        digests: list[str] = []
+        src = _Source(self, src_path, job.path)
+        dst_fd = -1
+        try:
+            src.check_size(job.size)
+            if dst_root is not None:
+                dst_fd = _write_call(
+                    job.path, os.open, os.path.join(dst_root, job.path), os.O_WRONLY | os.O_CLOEXEC
+                )
+            for chunk in range(task.first_chunk, task.last_chunk):
+                pos = chunk * self.chunk_size
+                chunk_end = min(end, pos + self.chunk_size)
+                hasher = new_hasher(self.algorithm)
+                while pos < chunk_end:
+                    if self._abort.is_set():
+                        raise _Abort
+                    data = src.read(view, pos, min(self.buffer_size, chunk_end - pos))
+                    hasher.update(data)
+                    if sha is not None:
+                        sha.update(data)
+                    if dst_fd >= 0:
+                        _write_call(job.path, _pwrite_all, dst_fd, data, pos)
+                    pos += len(data)
+                    self.progress(len(data))
+                digests.append(hasher.hexdigest())
+                self._check(job, chunk, digests[-1])
+            src.done(start, end)
+        finally:
+            src.close()
+            if dst_fd >= 0:
+                os.close(dst_fd)
+        return digests, (sha.hexdigest() if sha is not None else None), src.direct
+
+    def _open_flags(self) -> int:
+        direct = getattr(os, "O_DIRECT", 0) if self._direct else 0
+        return os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOATIME", 0) | direct
+
+    def _no_direct(self) -> bool:
+        """O_DIRECT failed here: give it up for this run, unless the user insisted on it."""
+        if self.read_mode == "direct":
+            return False
+        self._direct = False
+        return True
+
+    def _check(self, job: FileJob, chunk: int, digest: str) -> None:
+        if job.expected is None or job.expected[chunk] == digest:
+            return
+        lo = chunk * self.chunk_size
+        hi = min(job.size, lo + self.chunk_size)
+        raise VerifyError(
+            f"{job.path}: bytes {lo}-{hi} (chunk {chunk}) do not match the manifest",
+            "the persistent copy is damaged or changed since the manifest: restore that file "
+            "(e.g. download it again), check it with ct200-stage verify SRC, then stage again",
+        )
+
+    def _combined_error(self) -> BaseException:
+        staged = [e for e in self._errors if isinstance(e, StageError)]
+        if len(staged) != len(self._errors):
+            return next(e for e in self._errors if not isinstance(e, StageError))
+        first = staged[0]
+        others = tuple(e.message for e in staged[1:])
+        if others:
+            first.details = (*first.details, *others)
+        return first
+
+
+class _Source:
+    """One open source file: O_DIRECT when allowed, falling back to buffered reads."""
+
+    def __init__(self, engine: ChunkEngine, path: str, rel: str) -> None:
+        self.engine = engine
+        self.path = path
+        self.rel = rel
+        self._flags = 0
+        self.fd = self._open(engine._open_flags())
+
+    @property
+    def direct(self) -> bool:
+        return bool(self._flags & getattr(os, "O_DIRECT", 0))
+
+    def _open(self, flags: int) -> int:
+        noatime = getattr(os, "O_NOATIME", 0)
+        direct = getattr(os, "O_DIRECT", 0)
+        while True:
+            try:
+                fd = os.open(self.path, flags)
+            except FileNotFoundError as exc:
+                raise SourceError(
+                    f"source file {self.rel} disappeared (it was there when the stage began)",
+                    "restore the persistent copy and run the same command again",
+                ) from exc
+            except OSError as exc:
+                if exc.errno == errno.EPERM and flags & noatime:
+                    flags &= ~noatime  # O_NOATIME needs ownership of the file or CAP_FOWNER
+                    continue
+                if exc.errno == errno.EINVAL and flags & direct and self.engine._no_direct():
+                    flags &= ~direct
+                    continue
+                raise SourceError(
+                    f"cannot open source file {self.rel}: {exc.strerror}",
+                    "check the file and its permissions",
+                ) from exc
+            self._flags = flags
+            if not flags & direct:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            return fd
+
+    def check_size(self, size: int) -> None:
+        now = os.fstat(self.fd).st_size
+        if now != size:
+            raise SourceError(
+                f"source file {self.rel} is {now} bytes, the manifest says {size} "
+                "(it changed during the stage)",
+                "restore the persistent copy or remake the manifest, then stage again",
+            )
+
+    def read(self, view: memoryview, pos: int, want: int) -> memoryview:
+        direct = self.direct
+        while True:
+            try:
+                n = os.preadv(self.fd, [view[: _align_up(want) if direct else want]], pos)
+                break
+            except OSError as exc:
+                if direct and exc.errno == errno.EINVAL and self.engine._no_direct():
+                    # Accepted O_DIRECT at open, refused it on read (some FUSE and network
+                    # filesystems): continue buffered.
+                    os.close(self.fd)
+                    self.fd = self._open(self._flags & ~getattr(os, "O_DIRECT", 0))
+                    direct = False
+                    continue
+                raise SourceError(
+                    f"cannot read source file {self.rel} at byte {pos}: {exc.strerror}",
+                    "check the source disk (dmesg, filesystem health), then run again",
+                ) from exc
+        if n <= 0:
+            raise SourceError(
+                f"source file {self.rel} ended at byte {pos}, before the manifest's size "
+                "(it was truncated during the stage)",
+                "restore the persistent copy and run the same command again",
+            )
+        return view[: min(n, want)]
+
+    def done(self, start: int, end: int) -> None:
+        # Buffered reads leave the source in the page cache, charged to our memory cgroup next to
+        # the tmpfs we fill; we will not read it again.
+        if self.engine.drop_cache and not self.direct:
+            os.posix_fadvise(self.fd, start, end - start, os.POSIX_FADV_DONTNEED)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _sha256() -> Hasher:
+    import hashlib  # noqa: PLC0415 - only the LFS cross-check needs it
+
+    return hashlib.sha256()
+
+
+def _task_bytes(job: FileJob, task: _Task, chunk_size: int) -> int:
+    return min(job.size, task.last_chunk * chunk_size) - task.first_chunk * chunk_size
+
+
+def _align_up(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _pwrite_all(fd: int, data: memoryview, pos: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, pos)
+        data = data[n:]
+        pos += n
+
+
+def _write_call(rel: str, fn: Callable[..., T], *args: object) -> T:
+    try:
+        return fn(*args)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise CapacityError(
+                f"the destination filled up while writing {rel}",
+                "free space on the destination (raise the tmpfs size or memory limit) and run the "
+                "same command again; verified files are kept",
+            ) from exc
+        if exc.errno == errno.ENOMEM:
+            raise CapacityError(
+                f"out of memory while writing {rel} (the memory cgroup limit?)",
+                "raise the container's memory limit or stage fewer models, then run again",
+            ) from exc
+        raise StageError(
+            f"cannot write {rel} to the destination: {exc.strerror or exc}",
+            "check the destination filesystem, then run the same command again",
+        ) from exc

@@ -1,0 +1,439 @@
+"""Stage one model: check, lock, copy with inline verification into a partial tree, publish whole.
+
+Order matters and is the point of this module:
+1. read-only checks: manifest, source against it, what the target holds, capacity;
+2. the lock (nothing else of this target changes while we hold it);
+3. the partial tree beside the target: resumed when its manifest matches, else started afresh;
+4. copy + hash + compare, journalling each file once verified and synced;
+5. marker written inside the partial tree, then one rename publishes tree and marker together.
+A kill at any point leaves either the old state or a partial tree that the next run resumes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ct200_tools.stage import capacity, tree
+from ct200_tools.stage.engine import DEFAULT_BUFFER, ChunkEngine, FileJob, ReadMode
+from ct200_tools.stage.errors import CapacityError, RefusedError, SourceError
+from ct200_tools.stage.hashing import default_algorithm
+from ct200_tools.stage.lock import target_lock
+from ct200_tools.stage.manifest import (
+    DEFAULT_CHUNK_SIZE,
+    FileEntry,
+    Manifest,
+    SourceFile,
+    compare_to_source,
+    fsync_dir,
+    load_manifest,
+    now_utc,
+    parse_manifest,
+    scan_tree,
+    write_atomic,
+)
+from ct200_tools.stage.progress import NullProgress, ProgressSink
+
+
+def default_jobs() -> int:
+    # Enough requests in flight to fill an NVMe RAID; each thread holds one buffer (8 MiB).
+    return min(32, max(8, 2 * (os.cpu_count() or 1)))
+
+
+@dataclass(frozen=True)
+class StageOptions:
+    jobs: int = field(default_factory=default_jobs)
+    read_mode: ReadMode = "auto"
+    reserve: int = 0
+    replace: bool = False
+    wait: float = 0.0
+    create_manifest: bool = False
+    buffer_size: int = DEFAULT_BUFFER
+    drop_cache: bool = True
+
+
+@dataclass(frozen=True)
+class StageResult:
+    outcome: str  # "staged" | "already-staged"
+    name: str
+    source: str
+    target: str
+    manifest_path: str
+    manifest_digest: str
+    algorithm: str
+    files: int
+    bytes: int
+    files_copied: int = 0
+    files_resumed: int = 0
+    bytes_copied: int = 0
+    seconds: float = 0.0
+    read_mode: str = ""
+    replaced: bool = False
+    capacity: dict[str, object] | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def rate(self) -> float:
+        return self.bytes_copied / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        out = dict(self.__dict__)
+        out["bytes_per_second"] = round(self.rate)
+        out["notes"] = list(self.notes)
+        return out
+
+
+def stage(
+    source: str,
+    target: str,
+    *,
+    manifest_path: str,
+    name: str = "",
+    options: StageOptions | None = None,
+    progress: ProgressSink | None = None,
+) -> StageResult:
+    opts = options or StageOptions()
+    sink = progress or NullProgress()
+    src = os.path.realpath(source)
+    dst = _target_path(target)
+    _refuse_overlap(src, dst)
+    name = name or os.path.basename(src)
+
+    manifest: Manifest | None
+    if opts.create_manifest and not os.path.exists(manifest_path):
+        manifest = None
+    else:
+        manifest = load_manifest(manifest_path)
+    files = scan_tree(src)
+    if manifest is not None:
+        compare_to_source(manifest, files, src)
+
+    # Read-only first: if it will not fit, say so before creating so much as a directory.
+    already = _staged_digest(dst)
+    if manifest is None or already != manifest.digest:
+        capacity.require(
+            capacity.measure(dst, opts.reserve), _needed(files, manifest, dst), f"model {name}"
+        )
+
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    with target_lock(dst, f"{name} into {dst}", opts.wait):
+        return _Stage(src, dst, name, manifest_path, manifest, files, opts, sink).run()
+
+
+class _Stage:
+    def __init__(
+        self,
+        src: str,
+        dst: str,
+        name: str,
+        manifest_path: str,
+        manifest: Manifest | None,
+        files: list[SourceFile],
+        opts: StageOptions,
+        sink: ProgressSink,
+    ) -> None:
+        self.src, self.dst, self.name = src, dst, name
+        self.manifest_path = manifest_path
+        self.manifest = manifest
+        self.files = files
+        self.opts = opts
+        self.sink = sink
+        self.partial = tree.partial_path(dst)
+        self.notes: list[str] = []
+        self.replacing = False
+
+    def run(self) -> StageResult:
+        if self._inspect_target():
+            self._clean_leftovers()
+            return self._result("already-staged", copied=(), resumed=0, seconds=0.0, mode="")
+        done = self._prepare_partial()
+        cap = capacity.measure(self.dst, self.opts.reserve)
+        todo = [f for f in self.files if f.path not in done]
+        needed = capacity.bytes_needed([f.size for f in todo])
+        capacity.require(cap, needed, f"model {self.name}")
+        t0 = time.monotonic()
+        mode = self._copy(todo, preallocate=cap.memory_backed)
+        seconds = time.monotonic() - t0
+        self._publish()
+        self._clean_leftovers()
+        return self._result("staged", todo, len(done), seconds, mode, cap.to_dict())
+
+    # --- what is there already ---------------------------------------------------------------
+
+    def _inspect_target(self) -> bool:
+        """True when the target already holds this model; raises when it holds something else."""
+        dst = self.dst
+        if not os.path.lexists(dst):
+            return False
+        if os.path.islink(dst) or not os.path.isdir(dst):
+            raise RefusedError(
+                f"{dst} exists and is not a directory",
+                f"move it away yourself (it is not ours to delete): mv {dst} {dst}.old",
+            )
+        digest = _staged_digest(dst)
+        if self.manifest is not None and digest == self.manifest.digest:
+            return True
+        if digest is None and not os.listdir(dst):
+            os.rmdir(dst)  # an empty directory holds nothing to protect
+            return False
+        if not self.opts.replace:
+            what = (
+                f"a different staged model (manifest {digest})"
+                if digest
+                else "files that were not staged by ct200-stage"
+            )
+            raise RefusedError(
+                f"{dst} holds {what}; refusing to overwrite it",
+                f"pass --replace to swap it for {self.name} atomically once the new copy is "
+                f"verified, or remove it yourself: rm -rf {dst}",
+            )
+        self.replacing = True
+        return False
+
+    def _prepare_partial(self) -> set[str]:
+        """Resume a partial tree of the same manifest; start afresh from anything else."""
+        partial = self.partial
+        if os.path.lexists(partial):
+            done = self._resumable(partial)
+            if done is not None:
+                self.notes.append(f"resumed: {len(done)} verified file(s) kept from the last run")
+                return done
+            self.notes.append(f"discarded an unusable partial tree at {partial}")
+            _remove_tree(partial)
+        os.mkdir(partial, 0o755)
+        if self.manifest is not None:
+            write_atomic(os.path.join(partial, tree.MANIFEST_NAME), self.manifest.to_json())
+        return set()
+
+    def _resumable(self, partial: str) -> set[str] | None:
+        if self.manifest is None or os.path.islink(partial) or not os.path.isdir(partial):
+            return None
+        try:
+            with open(os.path.join(partial, tree.MANIFEST_NAME), encoding="utf-8") as fh:
+                theirs = parse_manifest(fh.read(), partial)
+        except (OSError, SourceError):
+            return None
+        if theirs.digest != self.manifest.digest:
+            return None
+        done = set()
+        for path in tree.Journal(partial).read():
+            entry = self.manifest.file(path)
+            try:
+                ok = (
+                    entry is not None and os.stat(os.path.join(partial, path)).st_size == entry.size
+                )
+            except OSError:
+                ok = False
+            if ok:
+                done.add(path)
+        return done
+
+    # --- the copy ----------------------------------------------------------------------------
+
+    def _copy(self, todo: list[SourceFile], *, preallocate: bool) -> str:
+        algorithm = self.manifest.algorithm if self.manifest else default_algorithm()
+        chunk = self.manifest.chunk_size if self.manifest else DEFAULT_CHUNK_SIZE
+        for f in todo:
+            _create(os.path.join(self.partial, f.path), f.size, f.mode, preallocate=preallocate)
+        journal = tree.Journal(self.partial)
+        journal.open()
+        lock = threading.Lock()
+
+        def file_done(job: FileJob, _digests: tuple[str, ...]) -> None:
+            fd = os.open(os.path.join(self.partial, job.path), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fdatasync(fd)  # journal only what would survive a crash of a disk target
+            finally:
+                os.close(fd)
+            with lock:
+                journal.record(job.path)
+
+        jobs = [self._job(f) for f in todo]
+        engine = ChunkEngine(
+            algorithm=algorithm,
+            chunk_size=chunk,
+            jobs=self.opts.jobs,
+            read_mode=self.opts.read_mode,
+            buffer_size=self.opts.buffer_size,
+            drop_cache=self.opts.drop_cache,
+            progress=self.sink.advance,
+        )
+        self.sink.start(f"staging {self.name}", sum(f.size for f in todo))
+        try:
+            result = engine.run(self.src, jobs, self.partial, file_done)
+        finally:
+            self.sink.finish()
+            journal.close()
+        if self.manifest is None:
+            self._adopt_manifest(algorithm, chunk, result.digests)
+        return "direct" if result.direct_reads else "buffered"
+
+    def _job(self, f: SourceFile) -> FileJob:
+        entry = self.manifest.file(f.path) if self.manifest else None
+        return FileJob(f.path, f.size, entry.chunks if entry else None)
+
+    def _adopt_manifest(
+        self, algorithm: str, chunk: int, digests: dict[str, tuple[str, ...]]
+    ) -> None:
+        entries = tuple(FileEntry(f.path, f.size, digests[f.path]) for f in self.files)
+        manifest = Manifest(self.name, algorithm, chunk, entries, self.src, now_utc())
+        write_atomic(self.manifest_path, manifest.to_json())
+        write_atomic(os.path.join(self.partial, tree.MANIFEST_NAME), manifest.to_json())
+        self.manifest = manifest
+        self.notes.append(
+            f"no manifest existed: wrote {self.manifest_path} from this copy "
+            "(the source was trusted as it was read)"
+        )
+
+    # --- publishing --------------------------------------------------------------------------
+
+    def _publish(self) -> None:
+        assert self.manifest is not None  # noqa: S101 - set by _copy when it was missing
+        for entry in self.manifest.files:
+            got = os.stat(os.path.join(self.partial, entry.path)).st_size
+            if got != entry.size:  # cannot happen unless something else writes into our tree
+                raise SourceError(f"{entry.path}: {got} bytes after the copy, not {entry.size}")
+        tree.Journal(self.partial).remove()
+        tree.write_marker(self.partial, self.manifest, self.src)
+        fsync_dir(self.partial)
+        if self.replacing and os.path.lexists(self.dst):
+            _exchange(self.partial, self.dst)  # now the partial name holds the old tree
+            self.notes.append(f"replaced the previous contents of {self.dst}")
+        else:
+            os.rename(self.partial, self.dst)
+        fsync_dir(os.path.dirname(self.dst))
+
+    def _clean_leftovers(self) -> None:
+        for path in (self.partial, tree.trash_path(self.dst)):
+            if os.path.lexists(path):
+                _remove_tree(path)
+
+    def _result(
+        self,
+        outcome: str,
+        copied: list[SourceFile] | tuple[()],
+        resumed: int,
+        seconds: float,
+        mode: str,
+        cap: dict[str, object] | None = None,
+    ) -> StageResult:
+        assert self.manifest is not None  # noqa: S101
+        m = self.manifest
+        return StageResult(
+            outcome=outcome,
+            name=self.name,
+            source=self.src,
+            target=self.dst,
+            manifest_path=self.manifest_path,
+            manifest_digest=m.digest,
+            algorithm=m.algorithm,
+            files=len(m.files),
+            bytes=m.total_bytes,
+            files_copied=len(copied),
+            files_resumed=resumed,
+            bytes_copied=sum(f.size for f in copied),
+            seconds=round(seconds, 3),
+            read_mode=mode,
+            replaced=self.replacing,
+            capacity=cap,
+            notes=tuple(self.notes),
+        )
+
+
+def _staged_digest(dst: str) -> str | None:
+    """The manifest digest a target is validly staged with, or None (absent, unmarked, broken)."""
+    try:
+        marker = tree.read_marker(dst)
+        if marker is None:
+            return None
+        with open(os.path.join(dst, tree.MANIFEST_NAME), encoding="utf-8") as fh:
+            manifest = parse_manifest(fh.read(), dst)
+    except (OSError, ValueError, KeyError, TypeError, SourceError):
+        return None
+    if manifest.digest != marker.manifest_digest:
+        return None
+    for entry in manifest.files:
+        try:
+            if os.stat(os.path.join(dst, entry.path)).st_size != entry.size:
+                return None
+        except OSError:
+            return None
+    return manifest.digest
+
+
+def _needed(files: list[SourceFile], manifest: Manifest | None, dst: str) -> int:
+    partial = tree.partial_path(dst)
+    done: set[str] = set()
+    if manifest is not None and os.path.isdir(partial):
+        done = tree.Journal(partial).read()  # unlocked peek: only lowers the estimate
+    return capacity.bytes_needed([f.size for f in files if f.path not in done])
+
+
+def _target_path(target: str) -> str:
+    parent, base = os.path.split(os.path.abspath(target))
+    if not base:
+        raise RefusedError(f"{target} names no directory", "give the directory to stage into")
+    return os.path.join(os.path.realpath(parent), base)
+
+
+def _refuse_overlap(src: str, dst: str) -> None:
+    if dst == src or dst.startswith(src + os.sep) or src.startswith(dst + os.sep):
+        raise RefusedError(
+            f"source {src} and target {dst} overlap",
+            "stage into a directory outside the source (and the source outside the target)",
+        )
+
+
+def _create(path: str, size: int, mode: int, *, preallocate: bool) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, mode | 0o400)
+        if preallocate and size:
+            # tmpfs: claim every page now, so a shortfall shows at the start and not at 90%.
+            # shmem does not zero fallocated pages until read, so this costs no extra pass.
+            os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EDQUOT):
+            raise CapacityError(
+                f"the destination cannot hold {os.path.basename(path)} ({exc.strerror})",
+                "free space on the destination or raise its size / memory limit, then run again",
+            ) from exc
+        raise
+    finally:
+        os.close(fd)
+
+
+def _remove_tree(path: str) -> None:
+    if os.path.islink(path) or not os.path.isdir(path):
+        os.unlink(path)
+    else:
+        shutil.rmtree(path)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: str, b: str) -> None:
+    """Swap two directories in one step (renameat2 RENAME_EXCHANGE): a server looking at b sees
+    the old tree or the new, never nothing. Falls back to two renames where unsupported."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is not None:
+        rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+        if rc == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise OSError(err, os.strerror(err), b)
+    trash = tree.trash_path(b)
+    os.rename(b, trash)
+    os.rename(a, b)
+    os.rename(trash, a)

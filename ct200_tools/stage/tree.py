@@ -1,0 +1,116 @@
+"""The names and small files that make a directory a staged model, and the resume journal.
+
+A staged tree `DST` holds the model plus `.ct200-manifest.json` (a copy of the manifest it was
+checked against) and `.ct200-staged` (the marker: the manifest's digest, when and from where).
+It is built in `.DST.ct200-partial` beside it and renamed into place whole; a directory whose marker
+is missing or does not match its manifest is never "staged".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from dataclasses import dataclass
+
+from ct200_tools import __version__
+from ct200_tools.stage.manifest import Manifest, fsync_dir, now_utc, write_atomic
+
+MANIFEST_NAME = ".ct200-manifest.json"
+MARKER_NAME = ".ct200-staged"
+JOURNAL_NAME = ".ct200-journal"
+MARKER_KIND = "ct200-stage-marker"
+
+
+def partial_path(target: str) -> str:
+    parent, name = os.path.split(os.path.abspath(target))
+    return os.path.join(parent, f".{name}.ct200-partial")
+
+
+def trash_path(target: str) -> str:
+    parent, name = os.path.split(os.path.abspath(target))
+    return os.path.join(parent, f".{name}.ct200-trash")
+
+
+@dataclass(frozen=True)
+class Marker:
+    manifest_digest: str
+    name: str
+    source: str
+    staged_at: str
+    files: int
+    bytes: int
+
+
+def write_marker(tree: str, manifest: Manifest, source: str) -> Marker:
+    marker = Marker(
+        manifest.digest, manifest.name, source, now_utc(), len(manifest.files), manifest.total_bytes
+    )
+    body = {"kind": MARKER_KIND, **marker.__dict__, "host": socket.gethostname()}
+    body["tool"] = f"ct200-tools {__version__}"
+    write_atomic(os.path.join(tree, MARKER_NAME), json.dumps(body, indent=1) + "\n")
+    return marker
+
+
+def read_marker(tree: str) -> Marker | None:
+    """The marker, or None when absent; raises ValueError when present but unreadable as one."""
+    try:
+        with open(os.path.join(tree, MARKER_NAME), encoding="utf-8") as fh:
+            raw = json.load(fh)
+    except FileNotFoundError:
+        return None
+    if not isinstance(raw, dict) or raw.get("kind") != MARKER_KIND:
+        raise ValueError("not a ct200-stage marker")
+    return Marker(
+        str(raw["manifest_digest"]),
+        str(raw.get("name", "")),
+        str(raw.get("source", "")),
+        str(raw.get("staged_at", "")),
+        int(raw.get("files", 0)),
+        int(raw.get("bytes", 0)),
+    )
+
+
+class Journal:
+    """Append-only list of files fully written and verified in a partial tree.
+
+    A line is appended (and fsynced) only after the file's every chunk matched the manifest and its
+    data was synced, so after a kill every listed file is good and every other file is redone; a
+    torn last line is simply not a record.
+    """
+
+    def __init__(self, tree: str) -> None:
+        self.path = os.path.join(tree, JOURNAL_NAME)
+        self._fd = -1
+
+    def read(self) -> set[str]:
+        done: set[str] = set()
+        try:
+            with open(self.path, encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    if not line.endswith("\n"):
+                        break
+                    with contextlib.suppress(ValueError, TypeError, KeyError):
+                        done.add(str(json.loads(line)["path"]))
+        except FileNotFoundError:
+            pass
+        return done
+
+    def open(self) -> None:
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+    def record(self, path: str) -> None:
+        os.write(self._fd, (json.dumps({"path": path}) + "\n").encode())
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def remove(self) -> None:
+        self.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        fsync_dir(os.path.dirname(self.path))
