@@ -94,6 +94,7 @@ class ChunkEngine:
         buffer_size: int = DEFAULT_BUFFER,
         drop_cache: bool = True,
         progress: Progress | None = None,
+        keep_going: bool = False,
     ) -> None:
         if chunk_size % ALIGN or buffer_size % ALIGN:
             raise ValueError("chunk and buffer sizes must be multiples of 4096")
@@ -105,6 +106,9 @@ class ChunkEngine:
         self.buffer_size = min(buffer_size, chunk_size)
         self.drop_cache = drop_cache
         self.progress = progress or (lambda _n: None)
+        #: Report every mismatching chunk instead of stopping at the first (verification).
+        self.keep_going = keep_going
+        self._mismatches: list[VerifyError] = []
         self._direct = read_mode != "buffered"
         self._lock = threading.Lock()
         self._abort = threading.Event()
@@ -123,6 +127,7 @@ class ChunkEngine:
         """Process every file; raises the first StageError (with the others as details)."""
         self._abort.clear()
         self._errors = []
+        self._mismatches = []
         states = [_FileState(j, [""] * chunk_count(j.size, self.chunk_size), 0) for j in files]
         run = _Run(src_root, dst_root, on_file_done, states, self._tasks(states), EngineResult())
         pending = sum(s.remaining for s in states)
@@ -141,7 +146,7 @@ class ChunkEngine:
             for t in threads:
                 t.join()
             raise
-        if self._errors:
+        if self._errors or self._mismatches:
             raise self._combined_error()
         if self._abort.is_set():
             raise StageError("cancelled", "run the same command again; verified files are kept")
@@ -236,7 +241,13 @@ class ChunkEngine:
                     pos += len(data)
                     self.progress(len(data))
                 digests.append(hasher.hexdigest())
-                self._check(job, chunk, digests[-1])
+                try:
+                    self._check(job, chunk, digests[-1])
+                except VerifyError as exc:
+                    if not self.keep_going:
+                        raise
+                    with self._lock:
+                        self._mismatches.append(exc)
             src.done(start, end)
         finally:
             src.close()
@@ -267,9 +278,10 @@ class ChunkEngine:
         )
 
     def _combined_error(self) -> BaseException:
-        staged = [e for e in self._errors if isinstance(e, StageError)]
-        if len(staged) != len(self._errors):
-            return next(e for e in self._errors if not isinstance(e, StageError))
+        errors = [*self._errors, *self._mismatches]
+        staged = [e for e in errors if isinstance(e, StageError)]
+        if len(staged) != len(errors):
+            return next(e for e in errors if not isinstance(e, StageError))
         first = staged[0]
         others = tuple(e.message for e in staged[1:])
         if others:
