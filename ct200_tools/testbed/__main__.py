@@ -1,0 +1,5 @@
+"""``python -m ct200_tools.testbed``."""
+
+from ct200_tools.testbed.cli import main
+
+main()

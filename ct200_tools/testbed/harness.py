@@ -1,0 +1,317 @@
+"""Bring a testbed slot up, tear it down, and say what state it is in.
+
+Teardown finds what to remove by name and by cgroup (not only from the state file), so it also
+clears what a killed run left behind, and ``up`` runs it first whenever it finds such leftovers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import yaml
+
+from ct200_tools.testbed import cgroups, inventory, machine, network, rootfs, ssh, wheelhouse
+from ct200_tools.testbed.config import MachineSpec, Settings, Slot
+from ct200_tools.testbed.errors import TestbedError
+from ct200_tools.testbed.machine import Machine
+from ct200_tools.testbed.system import Runner, preflight
+
+PROPAGATE_DIR = Path("/run/systemd/nspawn/propagate")
+DEFAULT_VMID = 200
+
+
+@dataclass(frozen=True)
+class MachineStatus:
+    name: str
+    role: str
+    address: str
+    running: bool
+    ssh: bool | None
+
+
+@dataclass(frozen=True)
+class Status:
+    slot: int
+    #: "up" (every machine running), "down" (nothing there) or "leftover" (anything else).
+    state: str
+    machines: tuple[MachineStatus, ...] = ()
+    leftovers: tuple[str, ...] = ()
+    inventory: str | None = None
+
+
+@dataclass
+class UpReport:
+    machines: list[Machine]
+    inventory: Path
+    reused: bool = False
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def slot_lock(slot: Slot, wait: bool = True) -> Iterator[IO[str]]:
+    """Hold the slot for this process; other runs wait (``wait``) or get a TestbedError."""
+    slot.settings.run_dir.mkdir(parents=True, exist_ok=True)
+    with slot.lock_file.open("a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            if not wait:
+                raise TestbedError(
+                    f"testbed slot {slot.index} is in use by {holder}",
+                    fix="wait for it to finish, or use another slot (--slot)",
+                ) from None
+            print(f"testbed: slot {slot.index} is in use by {holder}; waiting", flush=True)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()}\n")
+        fh.flush()
+        yield fh
+
+
+def site_vmid(settings: Settings) -> int:
+    """The container's vmid from the testbed's site spec (the stand-in config is named by it)."""
+    path = settings.repo / "inventory" / "testbed" / "group_vars" / "all.yml"
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+        return int(data["ct200_site"]["pve"]["vmid"])
+    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
+        return DEFAULT_VMID
+
+
+class Harness:
+    def __init__(self, slot: Slot, runner: Runner | None = None) -> None:
+        self.slot = slot
+        self.settings = slot.settings
+        self.runner = runner or Runner()
+
+    # -- state -------------------------------------------------------------------------------
+    def machines(self) -> list[Machine]:
+        try:
+            data = json.loads(self.slot.state_file.read_text())
+        except (OSError, ValueError):
+            return []
+        return [Machine.from_json(m) for m in data.get("machines", [])]
+
+    def _stage(self) -> str:
+        try:
+            return str(json.loads(self.slot.state_file.read_text()).get("stage", ""))
+        except (OSError, ValueError):
+            return ""
+
+    def _save(self, machines: Sequence[Machine], stage: str) -> None:
+        data = {
+            "slot": self.slot.index,
+            "stage": stage,
+            "time": time.time(),
+            "machines": [m.to_json() for m in machines],
+        }
+        tmp = self.slot.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.replace(self.slot.state_file)
+
+    def leftovers(self) -> list[str]:
+        """Everything of this slot that exists on the controller now."""
+        slot, found = self.slot, []
+        if slot.state_file.exists():
+            found.append(f"state {slot.state_file}")
+        found += [f"netns {ns}" for ns in network.namespaces(slot.prefix + "-")]
+        if network.link_exists(self.runner, slot.bridge):
+            found.append(f"bridge {slot.bridge}")
+        mounts = Path("/proc/self/mountinfo").read_text()
+        found += [
+            f"mount {m}"
+            for m in sorted(
+                {
+                    line.split()[4]
+                    for line in mounts.splitlines()
+                    if line.split()[4].startswith(str(slot.dir) + "/")
+                }
+            )
+        ]
+        pids = cgroups.procs(cgroups.slot_dirs(cgroups.hierarchies(), slot.cgroup_rel))
+        if pids:
+            found.append(f"{len(pids)} processes in cgroup {slot.cgroup_rel}")
+        return found
+
+    def status(self, probe_ssh: bool = True) -> Status:
+        left = self.leftovers()
+        if not left:
+            return Status(self.slot.index, "down")
+        rows = []
+        for m in self.machines():
+            running = machine.alive(m.pid, self.slot.netns(m.name))
+            reach: bool | None = None
+            if probe_ssh and running:
+                proc = self.runner.run(
+                    ssh.argv(self.slot, m.address, ["true"]), check=False, timeout=15
+                )
+                reach = proc.returncode == 0
+            rows.append(MachineStatus(m.name, m.role, m.address, running, reach))
+        healthy = (
+            self._stage() == "up"
+            and bool(rows)
+            and all(r.running and r.ssh is not False for r in rows)
+        )
+        inv = str(self.slot.inventory) if self.slot.inventory.exists() else None
+        return Status(
+            self.slot.index, "up" if healthy else "leftover", tuple(rows), tuple(left), inv
+        )
+
+    # -- up ----------------------------------------------------------------------------------
+    def up(
+        self,
+        specs: Sequence[MachineSpec],
+        fresh: bool = False,
+        with_wheelhouse: bool = True,
+        rebuild: bool = False,
+    ) -> UpReport:
+        preflight()
+        started = time.monotonic()
+        timings: dict[str, float] = {}
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise TestbedError(
+                f"machine names repeat: {names}", fix="give every machine its own name"
+            )
+        if self.leftovers():
+            st = self.status()
+            same = [(m.name, m.role) for m in st.machines] == [(s.name, s.role) for s in specs]
+            if st.state == "up" and same and not fresh:
+                wh = self._wheelhouse(timings) if with_wheelhouse else None
+                inv = inventory.write(self.slot, self.machines(), wh)
+                timings["total"] = time.monotonic() - started
+                return UpReport(self.machines(), inv, reused=True, timings=timings)
+            why = (
+                "it is being replaced (--fresh or other machines)"
+                if st.state == "up"
+                else ("left over from a run that did not finish (killed or crashed)")
+            )
+            print(
+                f"testbed: slot {self.slot.index}: found a testbed that {why}; removing it: "
+                + ", ".join(st.leftovers),
+                flush=True,
+            )
+            self.down()
+        network.check_free(self.runner, self.slot)
+        lower, timings["rootfs_build"] = rootfs.ensure(self.settings, self.runner, rebuild)
+        wh = self._wheelhouse(timings) if with_wheelhouse else None
+        boot_started = time.monotonic()
+        try:
+            machines = self._boot(specs, lower)
+        except BaseException:
+            self._keep_logs(specs)
+            with contextlib.suppress(Exception):
+                self.down(quiet=True)
+            raise
+        timings["boot"] = time.monotonic() - boot_started
+        inv = inventory.write(self.slot, machines, wh)
+        timings["total"] = time.monotonic() - started
+        return UpReport(machines, inv, timings=timings)
+
+    def _wheelhouse(self, timings: dict[str, float]) -> Path:
+        wh, timings["wheelhouse"] = wheelhouse.build(self.settings, self.runner)
+        return wh
+
+    def _boot(self, specs: Sequence[MachineSpec], lower: Path) -> list[Machine]:
+        slot = self.slot
+        for d in (slot.dir, slot.ssh_dir, slot.control_dir):
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._save([], "booting")
+        controller_pub = ssh.keygen(self.runner, slot.key, f"ct200-testbed-slot{slot.index}")
+        found = cgroups.hierarchies()
+        env = cgroups.nspawn_env(found)
+        network.create_bridge(self.runner, slot)
+        hosts = {s.name: str(slot.address(i)) for i, s in enumerate(specs)}
+        vmid = site_vmid(self.settings)
+        prepared: list[tuple[MachineSpec, Path, str]] = []
+        hostkeys: dict[str, str] = {}
+        for i, spec in enumerate(specs):
+            address = hosts[spec.name]
+            netns_path = network.create_machine(self.runner, slot, spec.name, slot.address(i))
+            root = machine.mount_root(self.runner, slot, spec.name, lower)
+            hostkeys[address] = machine.personalize(
+                self.runner, root, spec, hosts, controller_pub, vmid
+            )
+            prepared.append((spec, root, netns_path))
+        ssh.write_known_hosts(slot, hostkeys)
+        ssh.write_config(slot, hosts)
+        machines: list[Machine] = []
+        for spec, root, netns_path in prepared:
+            dirs = cgroups.machine_dirs(found, slot.cgroup_rel, spec.name)
+            pid, log = machine.boot(slot, spec, root, netns_path, dirs, env)
+            machines.append(
+                Machine(
+                    spec.name, spec.role, hosts[spec.name], pid, netns_path, str(root), str(log)
+                )
+            )
+            self._save(machines, "booting")
+        for m in machines:
+            alive = functools.partial(machine.alive, m.pid, slot.netns(m.name))
+            ssh.wait_ready(self.runner, slot, m.name, m.address, alive, Path(m.log))
+        self._save(machines, "up")
+        return machines
+
+    def _keep_logs(self, specs: Sequence[MachineSpec]) -> None:
+        for spec in specs:
+            log = self.slot.machine_dir(spec.name) / "console.log"
+            if log.exists():
+                keep = self.settings.run_dir / f"slot-{self.slot.index}-{spec.name}-failed.log"
+                shutil.copyfile(log, keep)
+                print(f"testbed: console log of {spec.name} kept in {keep}", flush=True)
+
+    # -- down --------------------------------------------------------------------------------
+    def down(self, quiet: bool = False) -> list[str]:
+        """Remove everything of the slot; safe to run any number of times."""
+        slot, removed = self.slot, []
+        for sock in sorted(slot.control_dir.glob("*")) if slot.control_dir.is_dir() else []:
+            self.runner.run(
+                ["ssh", "-F", "/dev/null", "-o", f"ControlPath={sock}", "-O", "exit", "testbed"],
+                check=False,
+                timeout=10,
+            )
+        running = [m for m in self.machines() if machine.alive(m.pid, slot.netns(m.name))]
+        for m in running:
+            os.kill(m.pid, 15)  # SIGTERM: nspawn asks the machine's systemd to power off
+        for m in running:
+            clean = machine.stop(m.pid, slot.netns(m.name), timeout=10)
+            removed.append(f"machine {m.name} ({'powered off' if clean else 'killed'})")
+        dirs = cgroups.slot_dirs(cgroups.hierarchies(), slot.cgroup_rel)
+        killed = cgroups.kill(dirs)
+        if killed:
+            removed.append(f"{killed} processes killed")
+        removed += [f"mount {m}" for m in machine.unmount_under(self.runner, slot.dir)]
+        removed += network.delete(self.runner, slot)
+        cgroups.remove(dirs)
+        for parent in {d.parent for d in dirs}:
+            with contextlib.suppress(OSError):
+                parent.rmdir()  # ct200-testbed/, once no slot uses it
+        for leftover in PROPAGATE_DIR.glob(slot.prefix + "-*") if PROPAGATE_DIR.is_dir() else []:
+            shutil.rmtree(leftover, ignore_errors=True)
+        still = machine.unmount_under(self.runner, slot.dir)
+        if still:
+            raise TestbedError(
+                f"cannot unmount {', '.join(still)}",
+                fix="find what uses it (`fuser -vm PATH`), end it, then run down again",
+            )
+        if inventory.remove(slot):
+            removed.append(f"inventory {slot.inventory}")
+        if slot.dir.exists():
+            shutil.rmtree(slot.dir)
+            removed.append(f"state {slot.dir}")
+        if not quiet:
+            what = "; ".join(removed) if removed else "nothing was there"
+            print(f"testbed: slot {slot.index} down: {what}", flush=True)
+        return removed
