@@ -14,6 +14,7 @@ staging never changes it, not even its atime.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -169,8 +170,11 @@ class ChunkEngine:
                 self._errors.append(exc)
             self._abort.set()
         finally:
-            view.release()
-            buf.close()
+            # A traceback held by a collected error may still reference slices of the buffer;
+            # then the garbage collector frees it later instead.
+            with contextlib.suppress(BufferError):
+                view.release()
+                buf.close()
 
     def _run_task(self, run: _Run, task: _Task, view: memoryview) -> None:
         state = run.states[task.file]
