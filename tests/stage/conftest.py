@@ -77,7 +77,9 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(d)], check=False)
 
 
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     """Run ct200-stage as a user would: a separate process, its exit code, its output."""
     return subprocess.run(
         [sys.executable, "-c", "from ct200_tools.cli.stage import main; main()", *args],

@@ -158,9 +158,7 @@ def test_source_file_that_disappears_mid_copy(tmp_path: Path, shm: Path) -> None
 
 
 @needs_root
-def test_too_small_tmpfs_is_refused_before_any_write(
-    tmp_path: Path, small_tmpfs: Path
-) -> None:
+def test_too_small_tmpfs_is_refused_before_any_write(tmp_path: Path, small_tmpfs: Path) -> None:
     src = make_model(tmp_path / "src")  # ~9 MB into a 4 MiB tmpfs
     write_manifest(src, tmp_path / "m.json")
     with pytest.raises(CapacityError) as err:

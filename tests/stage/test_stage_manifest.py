@@ -59,7 +59,7 @@ def test_edited_or_unsafe_manifests_are_rejected(tmp_path: Path) -> None:
     text = build_manifest(str(src), "m", jobs=2, chunk_size=CHUNK).manifest.to_json()
     raw = json.loads(text)
     raw["files"][0]["size"] += 1
-    with pytest.raises(SourceError, match="not valid|digest"):
+    with pytest.raises(SourceError, match=r"not valid|digest"):
         parse_manifest(json.dumps(raw), "edited")
     raw = json.loads(text)
     raw["files"][0]["chunks"][0] = "0" * 32

@@ -1,0 +1,195 @@
+"""Faults with real processes: kill -9 at random points, then rerun; two stages at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ct200_tools.stage import tree
+from ct200_tools.stage.errors import LockBusyError
+from ct200_tools.stage.lock import holder_pid, target_lock
+from ct200_tools.stage.manifest import Manifest, parse_manifest
+from ct200_tools.stage.status import model_status
+from ct200_tools.stage.verify import verify_tree
+
+from .conftest import cli, make_model, tree_bytes, write_manifest
+
+KILLS = 8
+
+
+def _stage_cmd(src: Path, dst: Path, manifest: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-c",
+        "from ct200_tools.cli.stage import main; main()",
+        "stage",
+        str(src),
+        str(dst),
+        "--manifest",
+        str(manifest),
+        "--jobs",
+        "2",
+        "--json",
+        *extra,
+    ]
+
+
+def _partial_manifest(partial: Path) -> Manifest:
+    return parse_manifest((partial / tree.MANIFEST_NAME).read_text(), str(partial))
+
+
+def _assert_never_half_done(dst: Path) -> None:
+    """After a kill: whatever claims to be complete is complete, byte for byte."""
+    if dst.exists():
+        st = model_status(str(dst), deep=True)
+        assert st.state == "staged", st
+    partial = Path(tree.partial_path(str(dst)))
+    if not partial.exists() or not (partial / tree.MANIFEST_NAME).exists():
+        return
+    manifest = _partial_manifest(partial)
+    if (partial / tree.MARKER_NAME).exists():
+        verify_tree(str(partial), manifest, jobs=2)  # a marker only ever sits on verified data
+    journaled = tree.Journal(str(partial)).read()
+    if journaled:
+        sub = Manifest(
+            manifest.name,
+            manifest.algorithm,
+            manifest.chunk_size,
+            tuple(f for f in manifest.files if f.path in journaled),
+        )
+        # Verify just the journaled files: every one of them must be whole and right.
+        from ct200_tools.stage.engine import ChunkEngine, FileJob  # noqa: PLC0415
+
+        engine = ChunkEngine(algorithm=sub.algorithm, chunk_size=sub.chunk_size, jobs=2)
+        engine.run(str(partial), [FileJob(f.path, f.size, f.chunks) for f in sub.files])
+
+
+def test_kill_9_at_random_points_then_rerun(tmp_path: Path, shm: Path) -> None:
+    src = make_model(tmp_path / "src", shards=6, shard_size=8 << 20)
+    mpath = tmp_path / "m.json"
+    write_manifest(src, mpath)
+    dst = shm / "m"
+    partial = Path(tree.partial_path(str(dst)))
+    rng = random.Random(20240601)  # noqa: S311 - kill timing, not cryptography
+    # How long the copy itself takes here, so that kills are spread over it.
+    first = subprocess.run(_stage_cmd(src, dst, mpath), capture_output=True, text=True, check=True)
+    window = max(0.02, 1.2 * json.loads(first.stdout)["result"]["seconds"])
+    shutil.rmtree(dst)
+    landed = {"before-copy": 0, "mid-copy": 0, "finished": 0}
+    journaled: list[int] = []
+    for _ in range(KILLS):
+        proc = subprocess.Popen(
+            _stage_cmd(src, dst, mpath, "--read-mode", rng.choice(["auto", "buffered"])),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        while not partial.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(rng.uniform(0, window))
+        if proc.poll() is None:
+            landed["mid-copy" if partial.exists() else "before-copy"] += 1
+            os.kill(proc.pid, signal.SIGKILL)
+        else:
+            landed["finished"] += 1
+        proc.wait()
+        _assert_never_half_done(dst)
+        journaled.append(len(tree.Journal(str(partial)).read()))
+        if dst.exists():  # it won the race: start over so the next kill lands in a copy again
+            shutil.rmtree(dst)
+    assert landed["mid-copy"] >= KILLS // 2, landed
+    assert any(n > 0 for n in journaled), journaled  # some kills hit between verified files
+    done = subprocess.run(_stage_cmd(src, dst, mpath), capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)["result"]
+    assert summary["outcome"] == "staged"
+    assert model_status(str(dst), deep=True, manifest=str(mpath)).state == "staged"
+    assert tree_bytes(dst) == tree_bytes(src)
+    assert not partial.exists()
+
+
+def test_two_stages_of_one_model_do_not_interleave(tmp_path: Path, shm: Path) -> None:
+    src = make_model(tmp_path / "src", shards=4, shard_size=8 << 20)
+    mpath = tmp_path / "m.json"
+    write_manifest(src, mpath)
+    dst = shm / "m"
+    procs = [
+        subprocess.Popen(
+            _stage_cmd(src, dst, mpath), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    results = [(p.wait(timeout=60), *p.communicate()) for p in procs]
+    outcomes = sorted(
+        json.loads(out)["result"]["outcome"] if rc == 0 else json.loads(out)["error"]["kind"]
+        for rc, out, _err in results
+    )
+    # One copies; the other either saw it busy (exit 2, "another stage") or found it done.
+    assert outcomes in (["busy", "staged"], ["already-staged", "staged"]), results
+    for rc, _out, err in results:
+        assert "Traceback" not in err
+        if rc != 0:
+            assert rc == 2 and "another stage of" in err and "pid" in err
+    assert model_status(str(dst), deep=True).state == "staged"
+    # Queued with --wait, both succeed and exactly one copies.
+    shutil.rmtree(dst)
+    procs = [
+        subprocess.Popen(
+            _stage_cmd(src, dst, mpath, "--wait", "60"), stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    outs = [json.loads(p.communicate(timeout=60)[0]) for p in procs]
+    assert all(o["ok"] for o in outs)
+    assert sorted(o["result"]["outcome"] for o in outs) == ["already-staged", "staged"]
+    assert model_status(str(dst), deep=True).state == "staged"
+
+
+def test_lock_names_its_holder_and_dies_with_it(tmp_path: Path) -> None:
+    target = tmp_path / "t"
+    with target_lock(str(target), "t"):
+        assert holder_pid(str(target)) == os.getpid()
+        with (
+            pytest.raises(LockBusyError, match=f"pid {os.getpid()}"),
+            target_lock(str(target), "t"),
+        ):
+            pass
+    assert holder_pid(str(target)) is None
+    # A holder killed with SIGKILL leaves no stale lock behind.
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from ct200_tools.stage.lock import target_lock\n"
+            f"with target_lock({str(target)!r}, 't'):\n  print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    assert holder_pid(str(target)) == holder.pid
+    holder.kill()
+    holder.wait()
+    with target_lock(str(target), "t"):
+        pass
+
+
+def test_cli_reports_busy_without_traceback(tmp_path: Path, shm: Path) -> None:
+    src = make_model(tmp_path / "src", shards=1)
+    mpath = tmp_path / "m.json"
+    write_manifest(src, mpath)
+    dst = shm / "m"
+    with target_lock(str(dst), "m"):
+        res = cli("stage", str(src), str(dst), "--manifest", str(mpath))
+    assert res.returncode == 2
+    assert "another stage" in res.stderr and "Traceback" not in res.stderr
+    assert "fix:" in res.stderr
