@@ -227,6 +227,8 @@ def loads(text: str) -> Facts:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise FactsFormatError(f"not JSON ({exc})") from None
+    except RecursionError:
+        raise FactsFormatError("nested too deeply to be a facts document") from None
     if not isinstance(data, dict) or "schema_version" not in data:
         raise FactsFormatError("not a ct200-doctor facts document (no schema_version)")
     version = data["schema_version"]
@@ -237,8 +239,8 @@ def loads(text: str) -> Facts:
         )
     try:
         facts: Facts = _build(Facts, data, "facts")
-    except (TypeError, ValueError, KeyError) as exc:
-        raise FactsFormatError(str(exc)) from None
+    except (TypeError, ValueError, KeyError, RecursionError) as exc:
+        raise FactsFormatError(str(exc) or type(exc).__name__) from None
     return facts
 
 

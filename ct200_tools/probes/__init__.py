@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ct200_tools import __version__
-from ct200_tools.facts import Facts, ProbeRun
+from ct200_tools.facts import CudaFacts, Facts, ProbeRun
 from ct200_tools.probes.base import Reader
 from ct200_tools.probes.cuda import CudaChild
 from ct200_tools.probes.devices import probe_devices
@@ -99,7 +99,10 @@ def collect(
             fields[name] = t.value
             runs.append(ProbeRun(name, round(t.duration, 3)))
     if child is not None:
-        facts_cuda = child.result()
+        try:
+            facts_cuda = child.result()
+        except Exception as exc:  # noqa: BLE001 - like the threads: a probe bug is a fact
+            facts_cuda = CudaFacts(error=f"cuInit probe failed: {type(exc).__name__}: {exc}")
         fields["cuda"] = facts_cuda
         outcome = "timeout" if facts_cuda.timed_out else "ok"
         runs.insert(0, ProbeRun("cuda", facts_cuda.duration_s or 0.0, outcome, facts_cuda.error))

@@ -55,18 +55,29 @@ class CudaChild:
         )
 
 
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
 def parse_child_output(out: str, err: str, returncode: int, duration: float) -> CudaFacts:
+    """The child's last stdout line; anything but our JSON object is reported, not trusted."""
     try:
         data = json.loads(out.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
-        tail = (err.strip().splitlines() or ["no output"])[-1]
+        data = None
+    if not isinstance(data, dict):
+        tail = (err.strip().splitlines() or out.strip().splitlines() or ["no output"])[-1]
         return CudaFacts(duration_s=duration, error=f"cuInit child exited {returncode}: {tail}")
-    code = data.get("code")
+    code = _int(data.get("code"))
     return CudaFacts(
         code=code,
-        name=data.get("name") or (CU_NAMES.get(code) if code is not None else None),
-        device_count=data.get("device_count"),
-        driver_version=data.get("driver_version"),
+        name=_str(data.get("name")) or (CU_NAMES.get(code) if code is not None else None),
+        device_count=_int(data.get("device_count")),
+        driver_version=_int(data.get("driver_version")),
         duration_s=duration,
-        error=data.get("error"),
+        error=_str(data.get("error")),
     )

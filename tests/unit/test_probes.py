@@ -470,11 +470,6 @@ def test_parse_child_output_nothing_at_all() -> None:
     assert got == CudaFacts(duration_s=0.3, error="cuInit child exited -11: no output")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: cuda.parse_child_output calls data.get() on whatever the last stdout line "
-    "decodes to; JSON that is not an object (a number, null, a list) raises AttributeError",
-)
 @pytest.mark.parametrize("last_line", ["0", "null", "[1]", '"done"'])
 def test_parse_child_output_json_that_is_not_an_object(last_line: str) -> None:
     got = parse_child_output(f"{last_line}\n", "", 0, 0.1)
@@ -1223,13 +1218,6 @@ def test_collect_real_child_without_driver(
     assert want.error.startswith("libcuda.so.1 not found: ")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AttributeError,
-    reason="BUG: CudaChild.result() is called outside collect()'s error handling and "
-    "parse_child_output assumes the last stdout line is a JSON object: a child whose last "
-    "line is other JSON (here `0`) crashes collect() with AttributeError",
-)
 def test_collect_survives_child_printing_non_object(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_prestart: None
 ) -> None:
