@@ -1,0 +1,269 @@
+"""Measure restaging speed on cold caches, every contender on the same data in the same run.
+
+Contenders (each copies the same safetensors-shaped shards from disk into DST, usually tmpfs):
+  ct200-stage           parallel chunked copy with inline XXH3 verification, O_DIRECT reads
+  ct200-stage-buffered  the same with page-cache reads (what O_DIRECT buys)
+  cp -r, rsync -a       what people use
+  cat-parallel          N parallel `cat FILES > /dev/null`: the disk-read limit (no writes at all)
+Before every run: sync, drop the page cache (echo 3 > /proc/sys/vm/drop_caches), empty DST.
+Rounds rotate the order of contenders so that drifts in the disk or the host hit all of them alike;
+the medians, and the ratio within each round, are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ct200_tools.stage.builder import build_manifest
+from ct200_tools.stage.capacity import fs_type_of
+from ct200_tools.stage.hashing import default_algorithm
+from ct200_tools.stage.manifest import write_atomic
+from ct200_tools.stage.stager import default_jobs
+
+CONTENDERS = ("ct200-stage", "ct200-stage-buffered", "cp", "rsync", "cat-parallel")
+BLOCK = 64 << 20
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 10, "M": 20, "G": 30, "T": 40}
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * (1 << units[text[-1]]))
+    return int(text)
+
+
+def args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python3 -m benchmarks.stage",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--out", required=True, help="directory for results.json and results.txt")
+    p.add_argument("--size", default="8G", help="total model size (default 8G)")
+    p.add_argument("--shard-size", default="1G", help="size of each shard (default 1G)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=default_jobs(),
+        help=f"ct200-stage threads and parallel cats (default {default_jobs()})",
+    )
+    p.add_argument("--rounds", type=int, default=3, help="runs of each contender (default 3)")
+    p.add_argument("--data", default="/var/tmp/ct200-bench-data", help="source dir (on disk)")
+    p.add_argument("--dst", default="/dev/shm/ct200-bench", help="destination (tmpfs)")
+    p.add_argument("--only", default=",".join(CONTENDERS), help="comma-separated contenders")
+    p.add_argument(
+        "--remove-data", action="store_true", help="delete the generated data afterwards"
+    )
+    return p.parse_args()
+
+
+def make_data(root: Path, size: int, shard: int) -> list[Path]:
+    """Shards shaped like safetensors (8-byte header length, JSON header, tensor bytes) plus the
+    small JSON files of a checkpoint; content is random so nothing compresses or dedups."""
+    stamp = root / ".bench-shape"
+    shape = f"{size} {shard}\n"
+    if stamp.exists() and stamp.read_text() == shape:
+        return sorted(p for p in root.rglob("*") if p.is_file() and p.name != ".bench-shape")
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    n = max(1, -(-size // shard))
+    base = bytearray(os.urandom(BLOCK))
+    index = {}
+    for i in range(n):
+        name = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+        left = min(shard, size - i * shard)
+        header = json.dumps({"__metadata__": {"format": "pt"}, "w": {"dtype": "BF16"}}).encode()
+        with open(root / name, "wb") as fh:
+            fh.write(len(header).to_bytes(8, "little") + header)
+            left -= 8 + len(header)
+            block = 0
+            while left > 0:
+                base[:16] = (i * 1_000_003 + block).to_bytes(16, "little")
+                k = min(left, BLOCK)
+                fh.write(memoryview(base)[:k])
+                left -= k
+                block += 1
+        index[f"model.layers.{i}.weight"] = name
+        print(f"  generated {name}", file=sys.stderr)
+    (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": index}))
+    (root / "config.json").write_text(json.dumps({"architectures": ["Bench"], "n": n}))
+    (root / "tokenizer.json").write_text(json.dumps({"vocab": list(range(20000))}))
+    subprocess.run(["sync"], check=False)
+    stamp.write_text(shape)
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != ".bench-shape")
+
+
+def drop_caches() -> bool:
+    subprocess.run(["sync"], check=False)
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def command(
+    name: str, src: Path, dst: Path, manifest: Path, jobs: int, files: list[Path]
+) -> list[list[str]]:
+    py = [sys.executable, "-m", "benchmarks.stage._stage_once"]
+    if name == "ct200-stage":
+        return [[*py, str(src), str(dst), str(manifest), str(jobs), "auto"]]
+    if name == "ct200-stage-buffered":
+        return [[*py, str(src), str(dst), str(manifest), str(jobs), "buffered"]]
+    if name == "cp":
+        return [["cp", "-r", str(src), str(dst)]]
+    if name == "rsync":
+        return [["rsync", "-a", f"{src}/", f"{dst}/"]]
+    # cat-parallel: largest files first onto the least-loaded of `jobs` cats
+    loads: list[tuple[int, list[str]]] = [(0, []) for _ in range(min(jobs, len(files)))]
+    for f in sorted(files, key=lambda p: -p.stat().st_size):
+        i = min(range(len(loads)), key=lambda k: loads[k][0])
+        loads[i] = (loads[i][0] + f.stat().st_size, [*loads[i][1], str(f)])
+    return [["sh", "-c", 'cat "$@" > /dev/null', "cat", *fs] for _, fs in loads if fs]
+
+
+def run_once(cmds: list[list[str]]) -> float:
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL) for c in cmds]
+    codes = [p.wait() for p in procs]
+    elapsed = time.perf_counter() - t0
+    if any(codes):
+        raise RuntimeError(f"{cmds[0][:3]} failed with {codes}")
+    return elapsed
+
+
+def copied_bytes(dst: Path) -> int:
+    return sum(
+        p.stat().st_size
+        for p in dst.rglob("*")
+        if p.is_file() and not p.name.startswith(".ct200-") and p.name != ".bench-shape"
+    )
+
+
+def main() -> None:
+    a = args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    size, shard = parse_size(a.size), parse_size(a.shard_size)
+    src, dst = Path(a.data), Path(a.dst)
+    wanted = [c for c in a.only.split(",") if c]
+    contenders = [c for c in wanted if c != "rsync" or shutil.which("rsync")]
+    skipped = sorted(set(wanted) - set(contenders))
+    free = shutil.disk_usage(dst.parent).free
+    if free < size * 1.05:
+        sys.exit(f"{dst.parent} has {free / 1e9:.1f} GB free; --size {a.size} needs more")
+    print(f"data: {size / 1e9:.1f} GB in {a.shard_size} shards at {src}", file=sys.stderr)
+    files = make_data(src, size, shard)
+    total = sum(f.stat().st_size for f in files)
+    cold = drop_caches()
+    manifest_path = out / "manifest.json"
+    t0 = time.perf_counter()
+    manifest = build_manifest(str(src), "bench", jobs=a.jobs, lfs=False).manifest
+    manifest_seconds = time.perf_counter() - t0
+    write_atomic(str(manifest_path), manifest.to_json())
+
+    runs: dict[str, list[float]] = {c: [] for c in contenders}
+    for r in range(a.rounds):
+        order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
+        for name in order:
+            shutil.rmtree(dst, ignore_errors=True)
+            cold = drop_caches() and cold
+            seconds = run_once(command(name, src, dst, manifest_path, a.jobs, files))
+            if name != "cat-parallel" and copied_bytes(dst) != total:
+                raise RuntimeError(f"{name} copied {copied_bytes(dst)} of {total} bytes")
+            runs[name].append(seconds)
+            print(f"  round {r + 1}: {name:<22} {total / seconds / 1e6:8.0f} MB/s", file=sys.stderr)
+        shutil.rmtree(dst, ignore_errors=True)
+
+    report = summarize(a, runs, total, len(files), cold, skipped, manifest_seconds, src, dst)
+    (out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
+    text = render(report)
+    (out / "results.txt").write_text(text)
+    print(text)
+    if a.remove_data:  # kept by default: a rerun with the same shape reuses it
+        shutil.rmtree(src, ignore_errors=True)
+
+
+def summarize(
+    a: argparse.Namespace,
+    runs: dict[str, list[float]],
+    total: int,
+    nfiles: int,
+    cold: bool,
+    skipped: list[str],
+    manifest_seconds: float,
+    src: Path,
+    dst: Path,
+) -> dict[str, object]:
+    rates = {c: [total / s / 1e6 for s in secs] for c, secs in runs.items()}
+    med = {c: statistics.median(v) for c, v in rates.items()}
+    ratios: dict[str, object] = {}
+    for base in ("cat-parallel", "cp", "rsync"):
+        if "ct200-stage" in rates and base in rates:
+            per_round = [x / y for x, y in zip(rates["ct200-stage"], rates[base], strict=True)]
+            ratios[f"ct200-stage/{base}"] = {
+                "of_medians": round(med["ct200-stage"] / med[base], 3),
+                "per_round": [round(x, 3) for x in per_round],
+                "median_per_round": round(statistics.median(per_round), 3),
+            }
+    return {
+        "schema_version": 1,
+        "bytes": total,
+        "files": nfiles,
+        "jobs": a.jobs,
+        "rounds": a.rounds,
+        "cold_caches": cold,
+        "hash": default_algorithm(),
+        "manifest_build_mb_per_s": round(total / manifest_seconds / 1e6),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "kernel": platform.release(),
+            "src_fs": fs_type_of(str(src)),
+            "dst_fs": fs_type_of(str(dst.parent)),
+        },
+        "skipped": skipped,
+        "mb_per_s": {
+            c: {"median": round(med[c]), "runs": [round(x) for x in v]} for c, v in rates.items()
+        },
+        "ratios": ratios,
+        "command": " ".join([sys.executable, "-m", "benchmarks.stage", *sys.argv[1:]]),
+    }
+
+
+def render(r: dict[str, object]) -> str:
+    mb = r["mb_per_s"]
+    assert isinstance(mb, dict)
+    lines = [
+        f"ct200-stage benchmark: {r['bytes'] / 1e9:.2f} GB in {r['files']} files, "  # type: ignore[operator]
+        f"jobs {r['jobs']}, {r['rounds']} rounds, hash {r['hash']}, "
+        f"caches {'dropped' if r['cold_caches'] else 'NOT dropped (not root?)'}",
+        f"machine: {r['machine']}",
+        "",
+        f"{'contender':<22} {'median MB/s':>12}  runs",
+    ]
+    for c, v in mb.items():
+        lines.append(f"{c:<22} {v['median']:>12}  {v['runs']}")
+    lines.append(f"{'(manifest, hash only)':<22} {r['manifest_build_mb_per_s']:>12}")
+    lines.append("")
+    ratios = r["ratios"]
+    assert isinstance(ratios, dict)
+    for k, v in ratios.items():
+        lines.append(f"{k:<22} {v['of_medians']:>12}x  per round {v['per_round']}")
+    if r["skipped"]:
+        lines.append(f"skipped (not installed): {', '.join(r['skipped'])}")  # type: ignore[arg-type]
+    lines.append(f"reproduce: {r['command']}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
