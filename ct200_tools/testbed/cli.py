@@ -6,12 +6,12 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
 
-from ct200_tools.testbed import rootfs, ssh, wheelhouse
+from ct200_tools.testbed import rootfs, ssh, units, wheelhouse
 from ct200_tools.testbed.config import DEFAULT_MACHINES, MAX_SLOTS, MachineSpec, Settings, Slot
 from ct200_tools.testbed.errors import TestbedError
 from ct200_tools.testbed.harness import Harness, Status, slot_lock
@@ -241,5 +241,30 @@ def build(ctx: click.Context, rebuild: bool) -> None:
         wh, seconds = wheelhouse.build(obj["settings"], obj["runner"])
         click.echo(f"wheelhouse: {wh} ({seconds:.1f}s)")
         return EXIT_OK
+
+    _guard(run)
+
+
+@main.command("verify-units")
+@click.argument("paths", nargs=-1, type=click.Path(exists=True, dir_okay=False))
+@click.pass_context
+def verify_units(ctx: click.Context, paths: tuple[str, ...]) -> None:
+    """Run `systemd-analyze verify` on PATHS (default: the repository's static unit files),
+    failing on any stderr output, not only on a non-zero exit."""
+
+    def run() -> int:
+        obj: dict[str, Any] = ctx.obj
+        runner: Runner = obj["runner"]
+        found = list(paths) or units.repo_units(obj["settings"].repo)
+
+        def local(argv: Sequence[str]) -> tuple[int, str, str]:
+            proc = runner.run(argv, check=False)
+            return proc.returncode, proc.stdout, proc.stderr
+
+        problems = units.verify(found, local)
+        for problem in problems:
+            click.echo(f"systemd-analyze verify: {problem}", err=True)
+        click.echo(f"verify-units: {len(found)} unit file(s), {len(problems)} with problems")
+        return EXIT_ERROR if problems else EXIT_OK
 
     _guard(run)

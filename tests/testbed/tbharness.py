@@ -1,0 +1,121 @@
+"""Helpers of the testbed tests: requirements, ssh and ansible-playbook against a running testbed.
+
+A module of its own (not conftest.py) so test modules can import it by a name no other test
+directory uses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ct200_tools.testbed import rootfs
+from ct200_tools.testbed import ssh as tbssh
+from ct200_tools.testbed.config import Settings, Slot
+from ct200_tools.testbed.harness import Harness, UpReport
+from ct200_tools.testbed.system import BUILD_TOOLS, TOOLS, install_hint, missing_tools
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+CALLBACKS = Path(__file__).parent / "callback_plugins"
+
+
+def unmet() -> str | None:
+    """Why the testbed cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "the testbed needs root (network namespaces, mounts, systemd-nspawn)"
+    tools = dict(TOOLS)
+    if not rootfs.is_built(Settings.from_env()):
+        tools.update(BUILD_TOOLS)
+    missing = missing_tools(tools)
+    if missing:
+        return f"missing {', '.join(sorted(missing))}: {install_hint(missing)}"
+    if not (VENV_BIN / "ansible-playbook").exists():
+        return f"ansible-playbook is not installed in {VENV_BIN}: run `bash scripts/setup.sh`"
+    return None
+
+
+def require_testbed() -> None:
+    reason = unmet()
+    if reason is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must run the testbed tests, but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@dataclass
+class AnsibleRun:
+    argv: list[str]
+    rc: int
+    output: str
+    report: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def stats(self) -> dict[str, dict[str, int]]:
+        return dict(self.report.get("stats", {}))
+
+    def results(self, status: str) -> list[str]:
+        return [
+            f"{r['host']}: {r['task']}" + (f" ({r['msg']})" if r.get("msg") else "")
+            for r in self.report.get("results", [])
+            if r["status"] == status
+        ]
+
+    def describe(self) -> str:
+        """What a failed assertion should show: failures, changes, and the output's tail."""
+        lines = [f"$ {' '.join(self.argv)}", f"exit {self.rc}"]
+        for status in ("failed", "unreachable", "changed"):
+            lines += [f"{status}: {r}" for r in self.results(status)]
+        return "\n".join([*lines, "--- output (tail) ---", self.output[-4000:]])
+
+
+class Bed:
+    """A running testbed: its machines, and ssh and ansible-playbook against them."""
+
+    def __init__(self, harness: Harness, report: UpReport, workdir: Path) -> None:
+        self.harness = harness
+        self.slot: Slot = harness.slot
+        self.report = report
+        self.inventory = report.inventory
+        self.addresses = {m.name: m.address for m in report.machines}
+        self.workdir = workdir
+        self._runs = 0
+
+    def ssh(
+        self, name: str, *command: str, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        argv = tbssh.argv(self.slot, self.addresses[name], command)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+
+    def ansible(self, playbook: str, *args: str, timeout: float = 540) -> AnsibleRun:
+        self._runs += 1
+        report_file = self.workdir / f"run-{self._runs}.json"
+        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(self.inventory), playbook, *args]
+        env = {
+            **os.environ,
+            "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+            "ANSIBLE_CALLBACK_PLUGINS": str(CALLBACKS),
+            "ANSIBLE_CALLBACKS_ENABLED": "ct200_report",
+            "ANSIBLE_NOCOLOR": "1",
+            "CT200_ANSIBLE_REPORT": str(report_file),
+        }
+        proc = subprocess.run(
+            argv,
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        report = json.loads(report_file.read_text()) if report_file.exists() else {}
+        return AnsibleRun(argv, proc.returncode, proc.stdout + proc.stderr, report)
