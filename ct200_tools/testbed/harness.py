@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import shutil
+import signal
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -254,7 +255,14 @@ class Harness:
             pid, log = machine.boot(slot, spec, root, netns_path, dirs, env)
             machines.append(
                 Machine(
-                    spec.name, spec.role, hosts[spec.name], pid, netns_path, str(root), str(log)
+                    spec.name,
+                    spec.role,
+                    hosts[spec.name],
+                    pid,
+                    netns_path,
+                    str(root),
+                    str(log),
+                    machine.nspawn_lock(root),
                 )
             )
             self._save(machines, "booting")
@@ -284,7 +292,7 @@ class Harness:
             )
         running = [m for m in self.machines() if machine.alive(m.pid, slot.netns(m.name))]
         for m in running:
-            os.kill(m.pid, 15)  # SIGTERM: nspawn asks the machine's systemd to power off
+            os.kill(m.pid, signal.SIGTERM)  # nspawn asks the machine's systemd to power off
         for m in running:
             clean = machine.stop(m.pid, slot.netns(m.name), timeout=10)
             removed.append(f"machine {m.name} ({'powered off' if clean else 'killed'})")
@@ -292,6 +300,10 @@ class Harness:
         killed = cgroups.kill(dirs)
         if killed:
             removed.append(f"{killed} processes killed")
+        for m in self.machines():
+            if m.lock and Path(m.lock).parent == machine.NSPAWN_LOCKS and Path(m.lock).exists():
+                Path(m.lock).unlink()
+                removed.append(f"nspawn lock {m.lock}")
         removed += [f"mount {m}" for m in machine.unmount_under(self.runner, slot.dir)]
         removed += network.delete(self.runner, slot)
         cgroups.remove(dirs)

@@ -16,16 +16,16 @@ import yaml
 
 from ct200_tools.testbed import ssh
 from ct200_tools.testbed.config import Slot
-from ct200_tools.testbed.machine import Machine
+from ct200_tools.testbed.machine import Machine, hostname
 
-#: machine role -> inventory group (the groups the playbooks target).
-GROUPS = {"pve": "pve_hosts", "ct": "ct_containers", "plain": "testbed_plain"}
+#: machine role -> inventory group: the groups the playbooks target, as in inventory/ct200.
+GROUPS = {"pve": "pve", "ct": "ct", "plain": "testbed_plain"}
 
 
 def render(slot: Slot, machines: Sequence[Machine], wheelhouse: Path | None) -> str:
     hosts: dict[str, dict[str, object]] = {}
     for m in machines:
-        hosts.setdefault(GROUPS[m.role], {})[m.name] = {"ansible_host": m.address}
+        hosts.setdefault(GROUPS[m.role], {})[hostname(m.name)] = {"ansible_host": m.address}
     groups = {group: {"hosts": members} for group, members in hosts.items()}
     variables: dict[str, object] = {
         "ansible_user": "root",

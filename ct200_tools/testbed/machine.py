@@ -28,6 +28,8 @@ class Machine:
     netns: str
     root: str
     log: str
+    #: The lock file systemd-nspawn keeps for the root directory; left behind when it is killed.
+    lock: str = ""
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -42,6 +44,7 @@ class Machine:
             netns=str(data["netns"]),
             root=str(data["root"]),
             log=str(data["log"]),
+            lock=str(data.get("lock", "")),
         )
 
 
@@ -65,6 +68,12 @@ def mount_root(runner: Runner, slot: Slot, name: str, lower: Path) -> Path:
     return root
 
 
+def hostname(machine: str) -> str:
+    """The machine's hostname and inventory name: ``pve`` -> ``ct200-pve``, as in the example
+    site inventory/ct200, and never the name of an inventory group."""
+    return f"ct200-{machine}"
+
+
 def personalize(
     runner: Runner,
     root: Path,
@@ -78,12 +87,15 @@ def personalize(
     ``hosts``: every machine of the slot, name -> address (for /etc/hosts).
     """
     etc = root / "etc"
-    (etc / "hostname").write_text(spec.name + "\n")
-    lines = ["127.0.0.1 localhost", f"127.0.1.1 {spec.name}", "::1 localhost ip6-localhost"]
-    lines += [f"{address} {name}" for name, address in hosts.items() if name != spec.name]
+    (etc / "hostname").write_text(hostname(spec.name) + "\n")
+    lines = ["127.0.0.1 localhost", f"127.0.1.1 {hostname(spec.name)} {spec.name}"]
+    lines += ["::1 localhost ip6-localhost"]
+    lines += [f"{a} {hostname(n)} {n}" for n, a in hosts.items() if n != spec.name]
     (etc / "hosts").write_text("\n".join(lines) + "\n")
     (etc / "machine-id").write_text(uuid.uuid4().hex + "\n")
-    hostkey = ssh.keygen(runner, etc / "ssh" / "ssh_host_ed25519_key", f"root@{spec.name}")
+    hostkey = ssh.keygen(
+        runner, etc / "ssh" / "ssh_host_ed25519_key", f"root@{hostname(spec.name)}"
+    )
     dot_ssh = root / "root" / ".ssh"
     dot_ssh.mkdir(mode=0o700, exist_ok=True)
     auth = dot_ssh / "authorized_keys"
@@ -124,7 +136,7 @@ def boot(
         "--boot",
         f"--directory={root}",
         f"--machine={slot.netns(spec.name)}",
-        f"--hostname={spec.name}",
+        f"--hostname={hostname(spec.name)}",
         # No systemd as PID 1 on the controller (a container, CI): nothing to register with.
         "--register=no",
         "--keep-unit",
@@ -149,6 +161,15 @@ def boot(
         )
     _children.append(proc)
     return proc.pid, log
+
+
+NSPAWN_LOCKS = Path("/run/systemd/nspawn/locks")
+
+
+def nspawn_lock(root: Path) -> str:
+    """The lock file systemd-nspawn takes for ``root`` (named after its device and inode)."""
+    st = root.stat()
+    return str(NSPAWN_LOCKS / f"inode-{st.st_dev}:{st.st_ino}")
 
 
 def alive(pid: int, machine: str) -> bool:
