@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: dev lint test test-unit docs
+.PHONY: dev lint lint-ansible test test-unit test-testbed docs
 
 dev:
 	bash scripts/setup.sh
@@ -12,8 +12,21 @@ lint:
 	$(VENV)/bin/ruff format --check ct200_tools tests benchmarks
 	$(VENV)/bin/mypy
 
-test: lint
+# Ansible: yamllint and ansible-lint (production profile, offline; .ansible-lint), and
+# systemd-analyze verify on the repository's static unit files (failing on any stderr output;
+# the units the roles render are verified on the testbed by tests/testbed).
+ANSIBLE_PATHS := playbooks inventory benchmarks/ansible $(wildcard roles)
+lint-ansible:
+	$(VENV)/bin/yamllint -s $(ANSIBLE_PATHS) .yamllint .ansible-lint
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/ansible-lint $(ANSIBLE_PATHS)
+	$(PY) -m ct200_tools.testbed verify-units
+
+test: lint lint-ansible
 	$(PY) -m pytest
+
+# The local testbed and the Ansible tests on it (root; boots systemd-nspawn machines).
+test-testbed:
+	$(PY) -m pytest -m testbed tests/testbed
 
 test-unit:
 	$(PY) -m pytest tests/unit
