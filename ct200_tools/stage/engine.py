@@ -31,7 +31,9 @@ ReadMode = Literal["auto", "direct", "buffered"]
 READ_MODES: tuple[ReadMode, ...] = ("auto", "direct", "buffered")
 #: O_DIRECT wants offsets, lengths and buffers aligned to the logical block size (512 or 4096).
 ALIGN = 4096
-DEFAULT_BUFFER = 8 << 20
+#: Per thread. With O_DIRECT each thread has one read in flight, so jobs x buffer is the queue
+#: depth the disk sees; 16 threads x 16 MiB measured best on virtio (docs/staging.md).
+DEFAULT_BUFFER = 16 << 20
 
 Progress = Callable[[int], None]
 T = TypeVar("T")
