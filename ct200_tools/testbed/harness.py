@@ -195,17 +195,18 @@ class Harness:
                 inv = inventory.write(self.slot, self.machines(), wh)
                 timings["total"] = time.monotonic() - started
                 return UpReport(self.machines(), inv, reused=True, timings=timings)
-            why = (
-                "it is being replaced (--fresh or other machines)"
-                if st.state == "up"
-                else ("left over from a run that did not finish (killed or crashed)")
-            )
-            print(
-                f"testbed: slot {self.slot.index}: found a testbed that {why}; removing it: "
-                + ", ".join(st.leftovers),
-                flush=True,
-            )
-            self.down()
+            if st.state == "up":
+                why = "--fresh" if fresh else "other machines asked for"
+                print(f"testbed: slot {self.slot.index}: replacing the running testbed ({why})")
+                self.down(quiet=True)
+            else:
+                print(
+                    f"testbed: slot {self.slot.index}: found a testbed left over from a run that "
+                    "did not finish (killed or crashed); removing it first: "
+                    + ", ".join(st.leftovers),
+                    flush=True,
+                )
+                self.down()
         network.check_free(self.runner, self.slot)
         lower, timings["rootfs_build"] = rootfs.ensure(self.settings, self.runner, rebuild)
         wh = self._wheelhouse(timings) if with_wheelhouse else None

@@ -180,6 +180,9 @@ def _prune(settings: Settings, keep: Path) -> None:
     """Old trees of earlier recipes, unless a machine still has one mounted."""
     mounts = Path("/proc/self/mountinfo").read_text()
     for old in settings.cache_dir.glob(f"rootfs-{SUITE}-*"):
-        if old == keep or not old.is_dir() or str(old) in mounts:
+        if old == keep or old.name.startswith(keep.name) or str(old) in mounts:
             continue
-        shutil.rmtree(old, ignore_errors=True)
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)  # the build log of an old tree
