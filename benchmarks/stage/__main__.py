@@ -5,6 +5,8 @@ Contenders (each copies the same safetensors-shaped shards from disk into DST, u
   ct200-stage-buffered  the same with page-cache reads (what O_DIRECT buys)
   cp -r, rsync -a       what people use
   cat-parallel          N parallel `cat FILES > /dev/null`: the disk-read limit (no writes at all)
+  write-parallel        N parallel `dd if=/dev/zero` of the same sizes into DST: the write limit
+                        (no reads at all; informational: where a copy can lose against cat)
 Before every run: sync, drop the page cache (echo 3 > /proc/sys/vm/drop_caches), empty DST.
 Rounds rotate the order of contenders so that drifts in the disk or the host hit all of them alike;
 the medians, and the ratio within each round, are reported.
@@ -29,7 +31,14 @@ from ct200_tools.stage.hashing import default_algorithm
 from ct200_tools.stage.manifest import write_atomic
 from ct200_tools.stage.stager import default_jobs
 
-CONTENDERS = ("ct200-stage", "ct200-stage-buffered", "cp", "rsync", "cat-parallel")
+CONTENDERS = (
+    "ct200-stage",
+    "ct200-stage-buffered",
+    "cp",
+    "rsync",
+    "cat-parallel",
+    "write-parallel",
+)
 BLOCK = 64 << 20
 
 
@@ -123,6 +132,19 @@ def command(
         return [["cp", "-r", str(src), str(dst)]]
     if name == "rsync":
         return [["rsync", "-a", f"{src}/", f"{dst}/"]]
+    if name == "write-parallel":
+        dst.mkdir(parents=True, exist_ok=True)
+        return [
+            [
+                "dd",
+                "if=/dev/zero",
+                f"of={dst}/{i}",
+                "bs=16M",
+                f"count={-(-f.stat().st_size >> 24)}",
+                "status=none",
+            ]
+            for i, f in enumerate(files)
+        ]
     # cat-parallel: largest files first onto the least-loaded of `jobs` cats
     loads: list[tuple[int, list[str]]] = [(0, []) for _ in range(min(jobs, len(files)))]
     for f in sorted(files, key=lambda p: -p.stat().st_size):
@@ -178,7 +200,7 @@ def main() -> None:
             shutil.rmtree(dst, ignore_errors=True)
             cold = drop_caches() and cold
             seconds = run_once(command(name, src, dst, manifest_path, a.jobs, files))
-            if name != "cat-parallel" and copied_bytes(dst) != total:
+            if name not in ("cat-parallel", "write-parallel") and copied_bytes(dst) != total:
                 raise RuntimeError(f"{name} copied {copied_bytes(dst)} of {total} bytes")
             runs[name].append(seconds)
             print(f"  round {r + 1}: {name:<22} {total / seconds / 1e6:8.0f} MB/s", file=sys.stderr)
