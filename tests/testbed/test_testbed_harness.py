@@ -46,20 +46,27 @@ def test_host_key_checking_is_on(testbed: Bed, tmp_path: Path) -> None:
     empty.write_text("")
     unknown = subprocess.run(
         [*base, "-o", f"UserKnownHostsFile={empty}", f"root@{address}", "true"],
-        capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert unknown.returncode == 255 and "Host key verification failed" in unknown.stderr
     # pve's key written for ct's address: a machine that is not who it claims to be.
     pve_line = next(
-        line for line in testbed.slot.known_hosts.read_text().splitlines()
+        line
+        for line in testbed.slot.known_hosts.read_text().splitlines()
         if line.startswith(testbed.addresses["pve"] + " ")
-    )  # fmt: skip
+    )
     wrong = tmp_path / "wrong_known_hosts"
     wrong.write_text(address + " " + pve_line.split(" ", 1)[1] + "\n")
     spoofed = subprocess.run(
         [*base, "-o", f"UserKnownHostsFile={wrong}", f"root@{address}", "true"],
-        capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert spoofed.returncode == 255 and "HOST IDENTIFICATION HAS CHANGED" in spoofed.stderr
     assert testbed.ssh("ct", "true").returncode == 0
 
@@ -69,8 +76,10 @@ def test_machines_are_separate(testbed: Bed) -> None:
     netns = {m: testbed.ssh(m, "readlink", "/proc/1/ns/net").stdout.strip() for m in ("pve", "ct")}
     assert len(set(netns.values())) == 2
     assert os.readlink("/proc/self/ns/net") not in netns.values()
-    keys = {m: testbed.ssh(m, "cat", "/etc/ssh/ssh_host_ed25519_key.pub").stdout.split()[1]
-            for m in ("pve", "ct")}  # fmt: skip
+    keys = {
+        m: testbed.ssh(m, "cat", "/etc/ssh/ssh_host_ed25519_key.pub").stdout.split()[1]
+        for m in ("pve", "ct")
+    }
     assert len(set(keys.values())) == 2
     assert testbed.ssh("pve", "hostname").stdout.strip() == "ct200-pve"
     for m, address in testbed.addresses.items():
@@ -97,11 +106,17 @@ def test_status_of_running_testbed(testbed: Bed) -> None:
 def _leftovers(slot: Slot) -> list[str]:
     found = [f"netns {n}" for n in network.namespaces(slot.prefix + "-")]
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True)
-    found += [f"link {line.split(':')[1].strip()}" for line in links.stdout.splitlines()
-              if f" {slot.bridge}:" in line or f" tb{slot.index}-" in line]  # fmt: skip
+    found += [
+        f"link {line.split(':')[1].strip()}"
+        for line in links.stdout.splitlines()
+        if f" {slot.bridge}:" in line or f" tb{slot.index}-" in line
+    ]
     mounts = Path("/proc/self/mountinfo").read_text()
-    found += [f"mount under {slot.dir}" for line in mounts.splitlines()
-              if line.split()[4].startswith(str(slot.dir))]  # fmt: skip
+    found += [
+        f"mount under {slot.dir}"
+        for line in mounts.splitlines()
+        if line.split()[4].startswith(str(slot.dir))
+    ]
     dirs = cgroups.slot_dirs(cgroups.hierarchies(), slot.cgroup_rel)
     found += [f"cgroup {d}" for d in dirs if d.exists()]
     if slot.dir.exists():
@@ -251,8 +266,10 @@ def test_inventory_keeps_host_key_checking_on(tmp_path: Path) -> None:
         {"CT200_TESTBED_RUN": str(tmp_path), "CT200_TESTBED_REPO": str(REPO)}
     )
     slot = Slot(4, settings)
-    machines = [Machine("pve", "pve", "10.231.4.10", 1, "/run/netns/x", "/r", "/l"),
-                Machine("ct", "ct", "10.231.4.11", 2, "/run/netns/y", "/r", "/l")]  # fmt: skip
+    machines = [
+        Machine("pve", "pve", "10.231.4.10", 1, "/run/netns/x", "/r", "/l"),
+        Machine("ct", "ct", "10.231.4.11", 2, "/run/netns/y", "/r", "/l"),
+    ]
     data = yaml.safe_load(inventory.render(slot, machines, Path("/w/wheelhouse.tar")))
     groups = data["all"]["children"]
     assert groups["pve"]["hosts"] == {"ct200-pve": {"ansible_host": "10.231.4.10"}}

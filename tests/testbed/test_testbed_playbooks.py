@@ -176,8 +176,10 @@ def test_pve_standins(converged: Converged) -> None:
     conf = bed.ssh("pve", "stat", "-c", "%a", "/etc/pve/lxc/200.conf")
     assert conf.stdout.strip() == "640"
     assert bed.ssh("pve", "pct", "status", "200").stdout.strip() == "status: running"
-    calls = [json.loads(line) for line in bed.ssh("pve", "cat", "/var/log/ct200-testbed/pct.log")
-             .stdout.splitlines()]  # fmt: skip
+    calls = [
+        json.loads(line)
+        for line in bed.ssh("pve", "cat", "/var/log/ct200-testbed/pct.log").stdout.splitlines()
+    ]
     assert ["status", "200"] in [c["argv"] for c in calls]
     missing = bed.ssh("pve", "pct", "status", "999")
     assert missing.returncode != 0 and "does not exist" in missing.stderr
