@@ -38,6 +38,9 @@ DEFAULT_BUFFER = 16 << 20
 Progress = Callable[[int], None]
 T = TypeVar("T")
 FileDone = Callable[["FileJob", tuple[str, ...]], None]
+ChunkDone = Callable[["FileJob", int], None]
+#: Longest run of chunks one thread reads in a row (1 GiB of 64 MiB chunks).
+MAX_RANGE_CHUNKS = 16
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class FileJob:
     expected: tuple[str, ...] | None = None
     #: Also compute the whole file's sha256 (one sequential pass; for the LFS cross-check).
     sha256: bool = False
+    #: Chunks verified by an earlier run (resume): neither read nor written again.
+    skip: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -77,6 +82,7 @@ class _Run:
     src_root: str
     dst_root: str | None
     on_file_done: FileDone | None
+    on_chunk_done: ChunkDone | None
     states: list[_FileState]
     tasks: Iterator[_Task]
     result: EngineResult
@@ -98,6 +104,7 @@ class ChunkEngine:
         drop_cache: bool = True,
         progress: Progress | None = None,
         keep_going: bool = False,
+        sync_writes: bool = False,
     ) -> None:
         if chunk_size % ALIGN or buffer_size % ALIGN:
             raise ValueError("chunk and buffer sizes must be multiples of 4096")
@@ -111,6 +118,8 @@ class ChunkEngine:
         self.progress = progress or (lambda _n: None)
         #: Report every mismatching chunk instead of stopping at the first (verification).
         self.keep_going = keep_going
+        #: fdatasync each chunk before reporting it done (targets on disk; tmpfs needs none).
+        self.sync_writes = sync_writes
         self._mismatches: list[VerifyError] = []
         self._direct = read_mode != "buffered"
         self._lock = threading.Lock()
@@ -126,13 +135,19 @@ class ChunkEngine:
         files: Sequence[FileJob],
         dst_root: str | None = None,
         on_file_done: FileDone | None = None,
+        on_chunk_done: ChunkDone | None = None,
     ) -> EngineResult:
-        """Process every file; raises the first StageError (with the others as details)."""
+        """Process every file; raises the first StageError (with the others as details).
+
+        on_chunk_done(job, chunk) runs once a chunk matched and was written (and synced, with
+        sync_writes); on_file_done(job, digests) once all of a file's chunks did.
+        """
         self._abort.clear()
         self._errors = []
         self._mismatches = []
-        states = [_FileState(j, [""] * chunk_count(j.size, self.chunk_size), 0) for j in files]
-        run = _Run(src_root, dst_root, on_file_done, states, self._tasks(states), EngineResult())
+        states = [_FileState(j, _prefilled(j, self.chunk_size), 0) for j in files]
+        tasks = self._tasks(states)
+        run = _Run(src_root, dst_root, on_file_done, on_chunk_done, states, tasks, EngineResult())
         pending = sum(s.remaining for s in states)
         threads = [
             threading.Thread(target=self._worker, args=(run,), name=f"stage-{i}", daemon=True)
@@ -180,7 +195,7 @@ class ChunkEngine:
 
     def _run_task(self, run: _Run, task: _Task, view: memoryview) -> None:
         state = run.states[task.file]
-        digests, sha, direct = self._do_task(run.src_root, run.dst_root, state, task, view)
+        digests, sha, direct = self._do_task(run, state, task, view)
         with self._lock:
             state.digests[task.first_chunk : task.last_chunk] = digests
             if sha is not None:
@@ -196,29 +211,35 @@ class ChunkEngine:
             run.on_file_done(state.job, done)
 
     def _tasks(self, states: list[_FileState]) -> Iterator[_Task]:
-        # A file that needs a whole-file sha256 is one task; otherwise one task per chunk, in
-        # file order, so a stage finishes files one after another and a kill loses little.
+        # Runs of consecutive chunks, in file order: each thread reads a run sequentially through
+        # one descriptor (readahead and the disk see a stream, as with N parallel cats), runs are
+        # short enough to balance the threads at the end, and a file that needs a whole-file
+        # sha256 is one run.
+        todo = [[c for c in range(len(s.digests)) if c not in s.job.skip] for s in states]
+        total = sum(len(t) for t in todo)
+        run_len = max(1, min(MAX_RANGE_CHUNKS, total // (2 * self.jobs)))
         plan: list[_Task] = []
-        for i, s in enumerate(states):
-            n = len(s.digests)
-            if s.job.sha256 or n <= 1:
-                plan.append(_Task(i, 0, n))
-            else:
-                plan.extend(_Task(i, c, c + 1) for c in range(n))
+        for i, chunks in enumerate(todo):
+            if not chunks or states[i].job.sha256:
+                plan.append(_Task(i, chunks[0] if chunks else 0, chunks[-1] + 1 if chunks else 0))
+                continue
+            first = prev = chunks[0]
+            for c in chunks[1:]:
+                if c != prev + 1 or c - first >= run_len:
+                    plan.append(_Task(i, first, prev + 1))
+                    first = c
+                prev = c
+            plan.append(_Task(i, first, prev + 1))
         for t in plan:
             states[t.file].remaining += 1
         return iter(plan)
 
     def _do_task(
-        self,
-        src_root: str,
-        dst_root: str | None,
-        state: _FileState,
-        task: _Task,
-        view: memoryview,
+        self, run: _Run, state: _FileState, task: _Task, view: memoryview
     ) -> tuple[list[str], str | None, bool]:
         job = state.job
-        src_path = os.path.join(src_root, job.path)
+        dst_root = run.dst_root
+        src_path = os.path.join(run.src_root, job.path)
         start = task.first_chunk * self.chunk_size
         end = min(job.size, task.last_chunk * self.chunk_size)
         sha = _sha256() if job.sha256 else None
@@ -254,6 +275,11 @@ class ChunkEngine:
                         raise
                     with self._lock:
                         self._mismatches.append(exc)
+                    continue
+                if dst_fd >= 0 and self.sync_writes:
+                    _write_call(job.path, os.fdatasync, dst_fd)
+                if run.on_chunk_done is not None:
+                    run.on_chunk_done(job, chunk)
             src.done(start, end)
         finally:
             src.close()
@@ -374,7 +400,7 @@ class _Source:
     def done(self, start: int, end: int) -> None:
         # Buffered reads leave the source in the page cache, charged to our memory cgroup next to
         # the tmpfs we fill; we will not read it again.
-        if self.engine.drop_cache and not self.direct:
+        if self.engine.drop_cache and not self.direct and end > start:
             os.posix_fadvise(self.fd, start, end - start, os.POSIX_FADV_DONTNEED)
 
     def close(self) -> None:
@@ -388,7 +414,17 @@ def _sha256() -> Hasher:
 
 
 def _task_bytes(job: FileJob, task: _Task, chunk_size: int) -> int:
-    return min(job.size, task.last_chunk * chunk_size) - task.first_chunk * chunk_size
+    return max(0, min(job.size, task.last_chunk * chunk_size) - task.first_chunk * chunk_size)
+
+
+def _prefilled(job: FileJob, chunk_size: int) -> list[str]:
+    digests = [""] * chunk_count(job.size, chunk_size)
+    if job.skip:
+        if job.expected is None:
+            raise ValueError(f"{job.path}: chunks can only be skipped against expected hashes")
+        for c in job.skip:
+            digests[c] = job.expected[c]
+    return digests
 
 
 def _align_up(n: int) -> int:

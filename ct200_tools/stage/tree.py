@@ -72,36 +72,55 @@ def read_marker(tree: str) -> Marker | None:
     )
 
 
-class Journal:
-    """Append-only list of files fully written and verified in a partial tree.
+@dataclass
+class JournalState:
+    #: Files whose every chunk was verified (and synced).
+    files: set[str]
+    #: Chunks verified (and synced) per file, for files not yet complete.
+    chunks: dict[str, set[int]]
 
-    A line is appended (and fsynced) only after the file's every chunk matched the manifest and its
-    data was synced, so after a kill every listed file is good and every other file is redone; a
-    torn last line is simply not a record.
+
+class Journal:
+    """Append-only record of chunks and files fully written and verified in a partial tree.
+
+    A line is appended (and fsynced) only after a chunk matched the manifest and its data was
+    written (and, on a disk target, synced), so after a kill every recorded chunk is good and every
+    other chunk is redone; a torn last line is simply not a record.
     """
 
     def __init__(self, tree: str) -> None:
         self.path = os.path.join(tree, JOURNAL_NAME)
         self._fd = -1
 
-    def read(self) -> set[str]:
-        done: set[str] = set()
+    def read(self) -> JournalState:
+        state = JournalState(set(), {})
         try:
             with open(self.path, encoding="utf-8", errors="replace") as fh:
                 for line in fh:
                     if not line.endswith("\n"):
                         break
-                    with contextlib.suppress(ValueError, TypeError, KeyError):
-                        done.add(str(json.loads(line)["path"]))
+                    with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+                        rec = json.loads(line)
+                        if "chunk" in rec:
+                            state.chunks.setdefault(str(rec["path"]), set()).add(int(rec["chunk"]))
+                        else:
+                            state.files.add(str(rec["path"]))
         except FileNotFoundError:
             pass
-        return done
+        return state
 
     def open(self) -> None:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
-    def record(self, path: str) -> None:
-        os.write(self._fd, (json.dumps({"path": path}) + "\n").encode())
+    def record_chunk(self, path: str, chunk: int) -> None:
+        self._append({"path": path, "chunk": chunk})
+
+    def record_file(self, path: str) -> None:
+        self._append({"path": path})
+
+    def _append(self, record: dict[str, object]) -> None:
+        # One write(2) per line: a kill lands before or after it, never inside a line.
+        os.write(self._fd, (json.dumps(record) + "\n").encode())
         os.fsync(self._fd)
 
     def close(self) -> None:
