@@ -1,8 +1,8 @@
 """Measure restaging speed on cold caches, every contender on the same data in the same run.
 
 Contenders (each copies the same safetensors-shaped shards from disk into DST, usually tmpfs):
-  ct200-stage           parallel chunked copy with inline XXH3 verification, O_DIRECT reads
-  ct200-stage-buffered  the same with page-cache reads (what O_DIRECT buys)
+  ct200-stage           parallel chunked copy with inline XXH3 verification (default options)
+  ct200-stage-direct    the same with O_DIRECT reads (--read-mode direct)
   cp -r, rsync -a       what people use
   cat-parallel          N parallel `cat FILES > /dev/null`: the disk-read limit (no writes at all)
   write-parallel        N parallel `dd if=/dev/zero` of the same sizes into DST: the write limit
@@ -33,7 +33,7 @@ from ct200_tools.stage.stager import default_jobs
 
 CONTENDERS = (
     "ct200-stage",
-    "ct200-stage-buffered",
+    "ct200-stage-direct",
     "cp",
     "rsync",
     "cat-parallel",
@@ -125,9 +125,9 @@ def command(
 ) -> list[list[str]]:
     py = [sys.executable, "-m", "benchmarks.stage._stage_once"]
     if name == "ct200-stage":
-        return [[*py, str(src), str(dst), str(manifest), str(jobs), "auto"]]
-    if name == "ct200-stage-buffered":
-        return [[*py, str(src), str(dst), str(manifest), str(jobs), "buffered"]]
+        return [[*py, str(src), str(dst), str(manifest), str(jobs), "default"]]
+    if name == "ct200-stage-direct":
+        return [[*py, str(src), str(dst), str(manifest), str(jobs), "direct"]]
     if name == "cp":
         return [["cp", "-r", str(src), str(dst)]]
     if name == "rsync":

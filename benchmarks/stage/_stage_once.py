@@ -11,7 +11,7 @@ from ct200_tools.stage.stager import StageOptions, stage
 
 def main() -> None:
     src, dst, manifest, jobs, mode = sys.argv[1:6]
-    read_mode: ReadMode = "buffered" if mode == "buffered" else "auto"
+    read_mode: ReadMode = "direct" if mode == "direct" else "buffered"
     result = stage(
         src, dst, manifest_path=manifest, options=StageOptions(jobs=int(jobs), read_mode=read_mode)
     )

@@ -31,7 +31,7 @@ def build_manifest(
     jobs: int,
     algorithm: str | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
-    read_mode: ReadMode = "auto",
+    read_mode: ReadMode = "buffered",
     lfs: bool = True,
     model_info: str | None = None,
     progress: ProgressSink | None = None,

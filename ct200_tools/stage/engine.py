@@ -5,10 +5,13 @@ uses every thread and a kill loses only the few files in flight. Each thread rea
 page-aligned buffer, hashes the bytes it holds (verification costs no second pass) and writes the
 same buffer to the destination. Threads suffice: read, write and the hash release the GIL.
 
-Reads use O_DIRECT where the source filesystem allows it ("auto"): restaging is bound by the disk,
-and O_DIRECT skips the page cache copy (CPU) and the page cache itself, which would otherwise be
-charged to the same memory cgroup as the tmpfs we are filling. Buffered reads drop the pages they
-brought in (POSIX_FADV_DONTNEED) for the same reason. The source is opened O_RDONLY|O_NOATIME:
+Reads go through the page cache by default, each thread streaming a run of chunks through one
+descriptor so that readahead keeps the disk busy while the thread hashes and writes; each chunk's
+pages are dropped (POSIX_FADV_DONTNEED) once it is done, because page cache is charged to the same
+memory cgroup as the tmpfs we are filling. O_DIRECT ("direct", or "auto": where the filesystem
+allows) skips the page cache entirely; on the virtio disks measured it was 10-15% slower, since each
+thread then has one synchronous read in flight instead of readahead's asynchronous ones.
+The source is opened O_RDONLY|O_NOATIME:
 staging never changes it, not even its atime.
 """
 
@@ -99,7 +102,7 @@ class ChunkEngine:
         algorithm: str,
         chunk_size: int,
         jobs: int,
-        read_mode: ReadMode = "auto",
+        read_mode: ReadMode = "buffered",
         buffer_size: int = DEFAULT_BUFFER,
         drop_cache: bool = True,
         progress: Progress | None = None,
@@ -240,7 +243,6 @@ class ChunkEngine:
         job = state.job
         dst_root = run.dst_root
         src_path = os.path.join(run.src_root, job.path)
-        start = task.first_chunk * self.chunk_size
         end = min(job.size, task.last_chunk * self.chunk_size)
         sha = _sha256() if job.sha256 else None
         digests: list[str] = []
@@ -268,6 +270,7 @@ class ChunkEngine:
                     pos += len(data)
                     self.progress(len(data))
                 digests.append(hasher.hexdigest())
+                src.done(chunk * self.chunk_size, chunk_end)
                 try:
                     self._check(job, chunk, digests[-1])
                 except VerifyError as exc:
@@ -280,7 +283,6 @@ class ChunkEngine:
                     _write_call(job.path, os.fdatasync, dst_fd)
                 if run.on_chunk_done is not None:
                     run.on_chunk_done(job, chunk)
-            src.done(start, end)
         finally:
             src.close()
             if dst_fd >= 0:

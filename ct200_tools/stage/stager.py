@@ -50,7 +50,7 @@ def default_jobs() -> int:
 @dataclass(frozen=True)
 class StageOptions:
     jobs: int = field(default_factory=default_jobs)
-    read_mode: ReadMode = "auto"
+    read_mode: ReadMode = "buffered"
     reserve: int = 0
     replace: bool = False
     wait: float = 0.0

@@ -56,7 +56,7 @@ def verify_tree(
     manifest: Manifest,
     *,
     jobs: int,
-    read_mode: ReadMode = "auto",
+    read_mode: ReadMode = "buffered",
     progress: ProgressSink | None = None,
 ) -> VerifyResult:
     """Raise VerifyError naming every differing file and chunk; return the figures otherwise."""
