@@ -311,6 +311,20 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         sys.exit(130)
     except BrokenPipeError:
         os._exit(EXIT_OK)
+    except OSError as exc:  # e.g. no permission to create the target's parent directory
+        where = exc.filename or "a file"
+        _fail(
+            {
+                "kind": "os",
+                "message": f"{where}: {exc.strerror or exc}",
+                "fix": "check the path, its permissions and free space",
+                "details": [],
+            },
+            [
+                f"ct200-stage: {where}: {exc.strerror or exc}",
+                "  fix: check the path, its permissions and free space",
+            ],
+        )
     except Exception as exc:  # noqa: BLE001 - the last line of defence: no traceback by default
         click.echo(f"ct200-stage: internal error: {type(exc).__name__}: {exc}", err=True)
         if os.environ.get("CT200_DEBUG"):

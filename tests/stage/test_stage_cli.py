@@ -108,3 +108,15 @@ def test_stage_by_model_name_from_the_spec(tmp_path: Path, shm: Path, manifest_d
     assert row["expected_digest"] == row["manifest_digest"]
     unknown = cli("stage", "--spec", str(spec), "kimi")
     assert unknown.returncode == 2 and "use one of: qwen" in unknown.stderr
+
+
+def test_an_os_error_is_a_message_not_a_traceback(tmp_path: Path, manifest_dir: Path) -> None:
+    src = make_model(tmp_path / "m")
+    assert cli("manifest", str(src)).returncode == 0
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a directory")
+    res = cli("stage", str(src), str(blocker / "sub" / "m"), "--json")
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr and "fix:" in res.stderr
+    assert _json(res.stdout)["error"]["kind"] == "os"  # type: ignore[index]
+    assert blocker.read_text() == "not a directory"
