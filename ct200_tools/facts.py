@@ -166,6 +166,13 @@ class ModelFacts:
     source_bytes: int | None = None
     staged_exists: bool | None = None
     staged_bytes: int | None = None
+    #: ct200-stage's verdict on the staged tree: staged, missing, partial, unmarked, mismatch,
+    #: unreadable (see ct200_tools/stage/status.py).
+    stage_state: str | None = None
+    stage_detail: str | None = None
+    #: Whether every chunk was re-hashed (--deep) rather than sizes compared.
+    deep: bool = False
+    stage_pid: int | None = None
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ct200_tools.checks import devices, driver, gpus, memory, topology, tuning
+from ct200_tools.checks import devices, driver, gpus, memory, models, topology, tuning
 from ct200_tools.checks.base import Check, Context, Finding, run_check
 from ct200_tools.facts import Facts
 from ct200_tools.spec import SiteSpec
@@ -184,6 +184,17 @@ CHECKS: tuple[Check, ...] = (
         "error",
         memory.check_shm,
         "/dev/shm is a tmpfs at least shm.size large, and the models of enabled servers fit.",
+        needs_spec=True,
+    ),
+    Check(
+        "models.staged",
+        "models staged and intact",
+        "error",
+        models.check_staged,
+        "Every model an enabled server serves (and its declared draft model) is staged by "
+        "ct200-stage: a marker naming the manifest, every file at its size, and with --deep "
+        "every chunk re-hashed. A partial tree with a running stage is a warning; a missing "
+        "persistent copy says so, since staging never creates one.",
         needs_spec=True,
     ),
     Check(

@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 from ct200_tools.checks.base import Context, Outcome, Remedy, failed, gib, passed, skipped
-from ct200_tools.spec import ModelSpec
+from ct200_tools.checks.models import needed_models
 
 #: tmpfs rounds its size to pages and df to blocks; a hair under the spec is not a fault.
 SIZE_SLACK = 0.005
-
-
-def served_models(ctx: Context) -> list[ModelSpec]:
-    names = {s.model for s in ctx.site.enabled_servers}
-    return [m for m in ctx.site.models if m.name in names]
 
 
 def model_sizes(ctx: Context) -> tuple[dict[str, int], list[str]]:
@@ -19,7 +14,7 @@ def model_sizes(ctx: Context) -> tuple[dict[str, int], list[str]]:
     names whose size is unknown."""
     facts = {m.name: m for m in ctx.facts.models or ()}
     sizes, unknown = {}, []
-    for m in served_models(ctx):
+    for m in needed_models(ctx):
         f = facts.get(m.name)
         size = f.source_bytes if f and f.source_bytes is not None else m.size
         if size is None:
@@ -84,7 +79,8 @@ def check_shm(ctx: Context) -> Outcome:
 
 
 def check_headroom(ctx: Context) -> Outcome:
-    """Staging writes tmpfs pages, and they count against the memory cgroup."""
+    """Staging writes tmpfs pages, and they count against the memory cgroup: the models still
+    to stage must fit /dev/shm's free space, and with shm.reserve_ram on top the memory."""
     mem = ctx.facts.memory
     if mem is None:
         return skipped("memory facts not read", ctx.unreadable("memory") or "")
@@ -92,31 +88,37 @@ def check_headroom(ctx: Context) -> Outcome:
     staged = {m.name: m.staged_bytes or 0 for m in ctx.facts.models or ()}
     to_stage = sum(max(0, size - staged.get(name, 0)) for name, size in sizes.items())
     reserve = ctx.site.shm.reserve_ram
-    limits = []
+    ram: int | None
     if mem.memory_max is not None and mem.memory_current is not None:
-        limits.append(("memory cgroup headroom", mem.memory_max - mem.memory_current))
-    elif mem.mem_available is not None:
-        limits.append(("MemAvailable", mem.mem_available))
-    if mem.shm_free is not None:
-        limits.append(("/dev/shm free", mem.shm_free + reserve))  # reserve is RAM, not tmpfs
-    if not limits:
+        ram_name, ram = "memory cgroup headroom", mem.memory_max - mem.memory_current
+    else:
+        ram_name, ram = "MemAvailable", mem.mem_available
+    if ram is None and mem.shm_free is None:
         return skipped("neither the memory cgroup nor /dev/shm could be read")
-    name, room = min(limits, key=lambda x: x[1])
-    need = to_stage + reserve
-    evidence = [f"{n}: {gib(v)}" for n, v in limits] + [
-        f"still to stage: {gib(to_stage)}, reserve_ram: {gib(reserve)}"
-    ]
+    evidence = [f"still to stage: {gib(to_stage)}, reserve_ram: {gib(reserve)}"]
+    if ram is not None:
+        evidence.append(f"{ram_name}: {gib(ram)}")
+    if mem.shm_free is not None:
+        evidence.append(f"/dev/shm free: {gib(mem.shm_free)}")
     if unknown:
         evidence.append(f"size unknown (not counted): {unknown}")
-    if need <= room:
+    short = []
+    if ram is not None and to_stage + reserve > ram:
+        short.append(
+            f"{ram_name} is {gib(ram)}, staging needs {gib(to_stage + reserve)} with the reserve"
+        )
+    if mem.shm_free is not None and to_stage > mem.shm_free:
+        short.append(f"/dev/shm has {gib(mem.shm_free)} free for {gib(to_stage)}")
+    if not short:
         return passed(f"room to stage {gib(to_stage)} and keep {gib(reserve)} free", *evidence)
+    vmid = ctx.site.pve.vmid if ctx.site.pve else "<vmid>"
+    want_mib = (to_stage + reserve + (mem.memory_current or 0)) // 2**20 + 1024
     return failed(
-        f"not enough memory to stage: need {gib(need)}, {name} is {gib(room)}",
+        "not enough memory to stage: " + "; ".join(short),
         Remedy(
             "raise the container's memory (tmpfs pages count against it) or stage fewer models",
             "host",
-            f"pct set {ctx.site.pve.vmid if ctx.site.pve else '<vmid>'} --memory "
-            f"{(need + (mem.memory_current or 0)) // 2**20 + 1024}",
+            f"pct set {vmid} --memory {want_mib}",
             "lxc_passthrough",
         ),
         *evidence,

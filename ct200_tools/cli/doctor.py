@@ -40,6 +40,10 @@ Exit codes: 0 clean, 1 warnings (with --strict), 2 failures or bad input, 3 the 
 """
 
 
+QUICK_TIMEOUT_S = 10.0
+DEEP_TIMEOUT_S = 3600.0
+
+
 class DoctorError(Exception):
     """Bad input: printed as one clear message, exit 2."""
 
@@ -100,11 +104,15 @@ def cli() -> None:
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence for every check.")
 @click.option("--strict", is_flag=True, help="Exit 1 when there are warnings.")
 @click.option(
+    "--deep",
+    is_flag=True,
+    help="Re-hash every staged model against its manifest (seconds per GB; the probe "
+    "timeout becomes 1 h unless --timeout is given).",
+)
+@click.option(
     "--timeout",
-    default=10.0,
-    show_default=True,
     type=float,
-    help="Seconds each probe (and cuInit) may take.",
+    help=f"Seconds each probe (and cuInit) may take [default: {QUICK_TIMEOUT_S:g}].",
 )
 def check(
     spec_path: str | None,
@@ -116,7 +124,8 @@ def check(
     skip: tuple[str, ...],
     verbose: bool,
     strict: bool,
-    timeout: float,
+    deep: bool,
+    timeout: float | None,
 ) -> None:
     """Probe this machine (or read --facts) and judge it against the site spec."""
     try:
@@ -124,7 +133,7 @@ def check(
     except UnknownCheckError as exc:
         raise DoctorError(str(exc)) from None
     spec, source = _load_spec(spec_path)
-    facts = _read_facts(facts_path) if facts_path else _probe(spec, timeout)
+    facts = _read_facts(facts_path) if facts_path else _probe(spec, timeout, deep)
     findings = run_checks(facts, spec, selected)
     code = exit_code(findings, strict)
     head = Header(facts, source)
@@ -141,13 +150,14 @@ def check(
 
 @cli.command()
 @_spec_option
-@click.option("--timeout", default=10.0, show_default=True, type=float)
-def snapshot(spec_path: str | None, timeout: float) -> None:
+@click.option("--deep", is_flag=True, help="Re-hash staged models (as check --deep).")
+@click.option("--timeout", type=float, help=f"Seconds per probe [default: {QUICK_TIMEOUT_S:g}].")
+def snapshot(spec_path: str | None, deep: bool, timeout: float | None) -> None:
     """Print this machine's facts as JSON, to judge elsewhere with `check --facts`."""
     from ct200_tools.facts import dumps  # noqa: PLC0415
 
     spec, _ = _load_spec(spec_path)
-    _emit(dumps(_probe(spec, timeout)))
+    _emit(dumps(_probe(spec, timeout, deep)))
     _exit(Exit.OK)
 
 
@@ -185,10 +195,12 @@ def list_checks(as_json: bool) -> None:
         click.echo(f"{c.id:<{width}}  {c.severity:<7}  {c.title}")
 
 
-def _probe(spec: SiteSpec | None, timeout: float) -> Facts:
+def _probe(spec: SiteSpec | None, timeout: float | None, deep: bool = False) -> Facts:
     from ct200_tools.probes import collect  # noqa: PLC0415
 
-    return collect(spec=spec, timeout_s=timeout)
+    if timeout is None:
+        timeout = DEEP_TIMEOUT_S if deep else QUICK_TIMEOUT_S
+    return collect(spec=spec, timeout_s=timeout, deep=deep)
 
 
 def _read_facts(path: Path) -> Facts:

@@ -74,9 +74,10 @@ def collect(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     reader: Reader | None = None,
     cuda: bool = True,
+    deep: bool = False,
 ) -> Facts:
     """Run every probe in parallel; a probe past its deadline is recorded as timed out."""
-    r = reader or Reader(root=root or Path("/"))
+    r = reader or Reader(root=root or Path("/"), deep=deep)
     t0 = time.monotonic()
     child = CudaChild(timeout_s) if cuda else None
     runners = [_Runner(p, r, spec) for p in PROBES]

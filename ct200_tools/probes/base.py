@@ -24,6 +24,8 @@ class NodeStat:
 @dataclass
 class Reader:
     root: Path = Path("/")
+    #: Re-hash staged models instead of comparing sizes (`check --deep`): seconds per GB.
+    deep: bool = False
     #: Filled by the probes: "<probe>.<what>" -> reason. One dict per run, so probes running in
     #: parallel each write their own keys.
     unreadable: dict[str, str] = field(default_factory=dict)

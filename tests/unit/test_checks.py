@@ -132,8 +132,33 @@ def test_tp8_across_sockets_warns_with_cost(ct200: SiteSpec) -> None:
     assert got["topo.tp_numa"].status == "warn"
     assert "TP4" in got["topo.tp_numa"].summary
     assert got["topo.p2p"].status == "warn"  # the derived fixture's cross-socket pairs
-    assert exit_code(list(got.values())) == Exit.OK
-    assert exit_code(list(got.values()), strict=True) == Exit.WARNINGS
+    # Kimi is not staged in this fixture: that is the one failure; the rest only warns.
+    assert got["models.staged"].status == "fail"
+    assert "kimi-k2.6 is missing" in got["models.staged"].summary
+    rest = [f for f in got.values() if f.id != "models.staged"]
+    assert exit_code(rest) == Exit.OK
+    assert exit_code(rest, strict=True) == Exit.WARNINGS
+
+
+def test_models_staged_after_reboot_names_the_restage(ct200: SiteSpec) -> None:
+    got = by_id(run_checks(facts("ct200-ct-incident"), ct200))["models.staged"]
+    assert got.status == "fail"
+    assert got.summary == "qwen3.6-27b is missing; qwen3.6-27b-dflash is missing"
+    assert got.remediation is not None
+    assert got.remediation.command == "ct200-stage stage qwen3.6-27b --spec /etc/ct200/site.yml"
+    assert got.remediation.where == "container" and got.remediation.tag == "staging"
+
+
+def test_models_staging_in_progress_warns_and_lost_source_says_so(ct200: SiteSpec) -> None:
+    f = facts("ct200-ct-incident")
+    assert f.models is not None
+    running = tuple(dataclasses.replace(m, stage_state="partial", stage_pid=4242) for m in f.models)
+    got = by_id(run_checks(dataclasses.replace(f, models=running), ct200))["models.staged"]
+    assert got.status == "warn" and "pid 4242" in got.summary
+    lost = tuple(dataclasses.replace(m, source_exists=False) for m in f.models)
+    got = by_id(run_checks(dataclasses.replace(f, models=lost), ct200))["models.staged"]
+    assert got.status == "fail" and "persistent copy is missing" in got.summary
+    assert got.remediation is not None and "restore the persistent copy" in got.remediation.action
 
 
 def test_kimi_staging_needs_room(ct200: SiteSpec) -> None:
@@ -230,5 +255,5 @@ def test_ids_unique_well_formed_and_documented() -> None:
         assert c.id.count(".") == 1 and c.id == c.id.lower(), c.id
         assert c.doc, c.id
         assert f"`{c.id}`" in docs, f"docs/checks.md lacks {c.id}: run make docs"
-    assert len(CHECKS) == 21  # a new check needs its doc entry and this count bumped
+    assert len(CHECKS) == 22  # a new check needs its doc entry and this count bumped
     assert docs == render(), "docs/checks.md is stale: run make docs"

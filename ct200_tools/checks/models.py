@@ -1,0 +1,89 @@
+"""Models the enabled servers serve: staged, marked, and matching their manifest."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ct200_tools.checks.base import Context, Outcome, Remedy, failed, passed, skipped
+from ct200_tools.facts import ModelFacts
+from ct200_tools.spec import ModelSpec
+
+
+def needed_models(ctx: Context) -> list[ModelSpec]:
+    """Models of enabled servers, and the declared models their draft_model paths point at."""
+    spec = ctx.site
+    names = {s.model for s in spec.enabled_servers}
+    drafts = {
+        s.speculative.draft_model
+        for s in spec.enabled_servers
+        if s.speculative and s.speculative.draft_model
+    }
+    return [m for m in spec.models if m.name in names or m.staged in drafts]
+
+
+def _stage_fix(m: ModelSpec) -> Remedy:
+    return Remedy(
+        f"restage {m.name} from its persistent copy {m.source} (verified, atomic)",
+        "container",
+        f"ct200-stage stage {m.name} --spec /etc/ct200/site.yml",
+        "staging",
+    )
+
+
+@dataclass
+class _Sorted:
+    bad: list[tuple[ModelSpec, str]] = field(default_factory=list)
+    running: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)
+
+
+def _sort(models: list[ModelSpec], found: dict[str, ModelFacts]) -> _Sorted:
+    out = _Sorted()
+    for m in models:
+        f = found.get(m.name)
+        if f is None or f.stage_state is None or f.stage_state == "unreadable":
+            out.unknown.append(m.name)
+            if f is not None and f.stage_detail:
+                out.evidence.append(f"{m.name}: unreadable: {f.stage_detail}")
+            continue
+        how = "re-hashed" if f.deep else "marker and sizes"
+        out.evidence.append(f"{m.name}: {f.stage_state} ({how}): {f.stage_detail}")
+        if f.stage_state == "staged":
+            continue
+        if f.stage_state == "partial" and f.stage_pid:
+            out.running.append(f"{m.name} (pid {f.stage_pid})")
+        elif f.source_exists is False:
+            out.bad.append((m, f"{m.name} is {f.stage_state} and its persistent copy is missing"))
+        else:
+            out.bad.append((m, f"{m.name} is {f.stage_state}"))
+    return out
+
+
+def check_staged(ctx: Context) -> Outcome:
+    models = needed_models(ctx)
+    if not models:
+        return skipped("no enabled server needs a model")
+    if ctx.facts.models is None:
+        return skipped("models not probed", ctx.unreadable("models") or "")
+    found = {f.name: f for f in ctx.facts.models}
+    s = _sort(models, found)
+    if s.bad:
+        m = s.bad[0][0]
+        remedy = _stage_fix(m)
+        if found[m.name].source_exists is False:
+            remedy = Remedy(
+                f"restore the persistent copy {m.source} first (the staging never creates "
+                "it), then stage",
+                "container",
+                f"ct200-stage verify {m.source} --manifest /var/lib/ct200/manifests/{m.name}.json",
+                None,
+            )
+        return failed("; ".join(why for _, why in s.bad), remedy, *s.evidence)
+    if s.running:
+        return failed(
+            f"staging in progress: {', '.join(s.running)}", None, *s.evidence, warn_only=True
+        )
+    if s.unknown:
+        return skipped(f"cannot tell whether {', '.join(s.unknown)} is staged", *s.evidence)
+    return passed(f"{len(models)} model(s) staged and matching their manifests", *s.evidence)
