@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from pathlib import Path
 
 from ct200_tools import __version__
 from ct200_tools.checks import CHECKS
@@ -151,19 +148,3 @@ def render_prometheus(findings: Sequence[Finding], head: Header, code: int) -> s
         f"ct200_doctor_last_run_timestamp_seconds {int(time.time())}",
     ]
     return "\n".join(out) + "\n"
-
-
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write via a temporary file and rename, so a reader (node_exporter) never sees half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

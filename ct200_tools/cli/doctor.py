@@ -5,15 +5,17 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import click
 
 from ct200_tools import __version__
 from ct200_tools.checks import CHECKS, UnknownCheckError, run_checks, select
+from ct200_tools.cli.options import spec_option
 from ct200_tools.facts import Facts, FactsFormatError
+from ct200_tools.fsutil import write_atomic
 from ct200_tools.report import (
     Exit,
     Header,
@@ -21,7 +23,6 @@ from ct200_tools.report import (
     render_json,
     render_prometheus,
     render_text,
-    write_atomic,
 )
 from ct200_tools.spec import DEFAULT_SPEC_PATH, SiteSpec, SpecError
 
@@ -46,17 +47,6 @@ DEEP_TIMEOUT_S = 3600.0
 
 class DoctorError(Exception):
     """Bad input: printed as one clear message, exit 2."""
-
-
-def _spec_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--spec",
-        "spec_path",
-        metavar="PATH",
-        envvar="CT200_SPEC",
-        help=f"Site spec: a YAML file or an Ansible inventory dir [default: {DEFAULT_SPEC_PATH} "
-        "if present; env CT200_SPEC].",
-    )(fn)
 
 
 def _load_spec(path: str | None) -> tuple[SiteSpec | None, str | None]:
@@ -85,7 +75,7 @@ def cli() -> None:
 
 
 @cli.command()
-@_spec_option
+@spec_option
 @click.option(
     "--facts",
     "facts_path",
@@ -138,7 +128,7 @@ def check(
     code = exit_code(findings, strict)
     head = Header(facts, source)
     if textfile is not None:
-        write_atomic(textfile, render_prometheus(findings, head, code))
+        write_atomic(str(textfile), render_prometheus(findings, head, code))
     if as_json:
         _emit(render_json(findings, head, code))
     elif prometheus:
@@ -149,7 +139,7 @@ def check(
 
 
 @cli.command()
-@_spec_option
+@spec_option
 @click.option("--deep", is_flag=True, help="Re-hash staged models (as check --deep).")
 @click.option("--timeout", type=float, help=f"Seconds per probe [default: {QUICK_TIMEOUT_S:g}].")
 def snapshot(spec_path: str | None, deep: bool, timeout: float | None) -> None:

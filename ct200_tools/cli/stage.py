@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 import click
 
 from ct200_tools import __version__
+from ct200_tools.cli.options import spec_option
 from ct200_tools.stage.errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, StageError
 from ct200_tools.stage.progress import NullProgress, ProgressSink, TtyProgress
 
@@ -102,17 +103,6 @@ def _manifest_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
 
 
-def _spec_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--spec",
-        "spec_path",
-        metavar="PATH",
-        envvar="CT200_SPEC",
-        help="Site spec (YAML file or inventory dir) [default: /etc/ct200/site.yml; "
-        "env CT200_SPEC].",
-    )(fn)
-
-
 def _out(command: str, as_json: bool, quiet: bool) -> _Out:
     global _current  # noqa: PLW0603 - main() needs it to report errors in the command's format
     _current = _Out(command, as_json, quiet)
@@ -167,7 +157,7 @@ def manifest(
 
 @cli.command()
 @click.argument("target", nargs=-1, required=True, metavar="SRC DST | MODEL")
-@_spec_option
+@spec_option
 @_manifest_option
 @click.option(
     "--name",
@@ -237,7 +227,7 @@ def stage(
 @cli.command()
 @click.argument("path")
 @_manifest_option
-@_spec_option
+@spec_option
 @_engine_options
 @_common
 def verify(
@@ -259,7 +249,7 @@ def verify(
 
 @cli.command()
 @click.argument("paths", nargs=-1, metavar="[PATH]...")
-@_spec_option
+@spec_option
 @click.option("--deep", is_flag=True, help="Re-hash every staged file (reads it all).")
 @_common
 def status(

@@ -73,6 +73,17 @@ class Reader:
         os.close(fd)
         return 0
 
+    def first_text(self, *paths: str) -> str | None:
+        """The stripped content of the first of these files that is readable and not empty."""
+        for p in paths:
+            try:
+                value = self.read_text(p).strip()
+            except OSError:
+                continue
+            if value:
+                return value
+        return None
+
     def note(self, key: str, why: str) -> None:
         self.unreadable.setdefault(key, why)
 

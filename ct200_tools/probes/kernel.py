@@ -22,13 +22,9 @@ def parse_module_version(text: str) -> str | None:
 
 def detect_container(r: Reader) -> str:
     """Best-effort container type; "none" on bare metal or a VM."""
-    for p in ("/run/systemd/container", "/run/container_type"):
-        try:
-            value = r.read_text(p).strip()
-        except OSError:
-            continue
-        if value:
-            return value
+    value = r.first_text("/run/systemd/container", "/run/container_type")
+    if value:
+        return value
     try:
         environ = r.read_bytes("/proc/1/environ").split(b"\0")
     except OSError:

@@ -90,8 +90,8 @@ def _cgroup_v2(r: Reader, rel: str) -> CgroupMemory:
             if best is None or headroom < best[0]:
                 best = (headroom, limit, current)
     own = "/".join([CGROUP_ROOT, *parts])
-    cpus = _first(r, f"{own}/cpuset.cpus.effective", f"{CGROUP_ROOT}/cpuset.cpus.effective")
-    mems = _first(r, f"{own}/cpuset.mems.effective", f"{CGROUP_ROOT}/cpuset.mems.effective")
+    cpus = r.first_text(f"{own}/cpuset.cpus.effective", f"{CGROUP_ROOT}/cpuset.cpus.effective")
+    mems = r.first_text(f"{own}/cpuset.mems.effective", f"{CGROUP_ROOT}/cpuset.mems.effective")
     if best is None:
         return CgroupMemory(2, None, None, cpus, mems)
     return CgroupMemory(2, best[1], best[2], cpus, mems)
@@ -107,20 +107,9 @@ def _cgroup_v1(r: Reader) -> CgroupMemory:
         r.note("memory.cgroup", f"cannot read cgroup v1 memory: {exc}")
     if limit is not None and limit >= V1_UNLIMITED:
         limit = None
-    cpus = _first(r, f"{CGROUP_ROOT}/cpuset/cpuset.effective_cpus")
-    mems = _first(r, f"{CGROUP_ROOT}/cpuset/cpuset.effective_mems")
+    cpus = r.first_text(f"{CGROUP_ROOT}/cpuset/cpuset.effective_cpus")
+    mems = r.first_text(f"{CGROUP_ROOT}/cpuset/cpuset.effective_mems")
     return CgroupMemory(1, limit, current, cpus, mems)
-
-
-def _first(r: Reader, *paths: str) -> str | None:
-    for p in paths:
-        try:
-            value = r.read_text(p).strip()
-        except OSError:
-            continue
-        if value:
-            return value
-    return None
 
 
 def probe_memory(r: Reader) -> MemoryFacts:

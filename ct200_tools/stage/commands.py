@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
+from ct200_tools.fsutil import write_atomic
 from ct200_tools.stage.builder import build_manifest
 from ct200_tools.stage.engine import ReadMode
 from ct200_tools.stage.errors import RefusedError, SourceError, StageError
-from ct200_tools.stage.manifest import default_manifest_path, load_manifest, write_atomic
+from ct200_tools.stage.manifest import default_manifest_path, load_manifest
 from ct200_tools.stage.progress import ProgressSink
 from ct200_tools.stage.stager import StageOptions, stage
 from ct200_tools.stage.status import model_status

@@ -11,13 +11,11 @@ made them, which is what the marker in a staged tree records.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import hashlib
 import json
 import os
 import stat
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
@@ -186,33 +184,6 @@ def load_manifest(path: str) -> Manifest:
             f"cannot read manifest {path}: {exc}", "check the path and its permissions"
         ) from exc
     return parse_manifest(text, path)
-
-
-def write_atomic(path: str, text: str, mode: int = 0o644) -> None:
-    """Write beside the target and rename over it: a reader sees the old file or the new, whole."""
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(parent)
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def manifest_dir() -> str:

@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ct200_tools.fsutil import fsync_dir, write_atomic
 from ct200_tools.stage import capacity, tree
 from ct200_tools.stage.engine import DEFAULT_BUFFER, ChunkEngine, FileJob, ReadMode
 from ct200_tools.stage.errors import RefusedError, SourceError
@@ -31,12 +32,10 @@ from ct200_tools.stage.manifest import (
     Manifest,
     SourceFile,
     compare_to_source,
-    fsync_dir,
     load_manifest,
     now_utc,
     parse_manifest,
     scan_tree,
-    write_atomic,
 )
 from ct200_tools.stage.progress import NullProgress, ProgressSink
 

@@ -15,7 +15,8 @@ import socket
 from dataclasses import dataclass
 
 from ct200_tools import __version__
-from ct200_tools.stage.manifest import Manifest, fsync_dir, now_utc, write_atomic
+from ct200_tools.fsutil import fsync_dir, write_atomic
+from ct200_tools.stage.manifest import Manifest, now_utc
 
 MANIFEST_NAME = ".ct200-manifest.json"
 MARKER_NAME = ".ct200-staged"

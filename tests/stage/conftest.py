@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from ct200_tools.fsutil import write_atomic
 from ct200_tools.stage.builder import build_manifest
-from ct200_tools.stage.manifest import Manifest, write_atomic
+from ct200_tools.stage.manifest import Manifest
 
 #: Small chunks so that a few MiB of model still spans many chunks, threads and journal records.
 CHUNK = 256 << 10
