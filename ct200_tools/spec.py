@@ -207,7 +207,9 @@ def validate(data: object, source: str = "") -> SiteSpec:
     Raises SpecError with every error found, each with its path (e.g. servers[1].gpus[2]) and
     fix; SpecError.issues holds errors only, so warnings show once the errors are fixed.
     """
-    return _rules.validate(data, source)
+    from ct200_tools import specload  # noqa: PLC0415 - specload imports this module
+
+    return specload.validate(data, source)
 
 
 def load_spec(path: str | os.PathLike[str]) -> SiteSpec:
@@ -217,9 +219,6 @@ def load_spec(path: str | os.PathLike[str]) -> SiteSpec:
     SpecError for unreadable files, YAML errors (with line and column), Jinja in values, and
     everything validate() finds.
     """
-    return _rules.load_spec(path)
+    from ct200_tools import specfile  # noqa: PLC0415 - specfile imports this module
 
-
-# At the end: specload imports the types above, and a module object is safe to bind in either
-# import order (a from-import of its functions would not be).
-from ct200_tools import specload as _rules  # noqa: E402
+    return specfile.load_spec(path)

@@ -1,25 +1,17 @@
-"""The site spec's rules and its YAML loading; import the public names from ct200_tools.spec.
+"""The site spec's schema and rules; import the public names from ct200_tools.spec.
 
 Every rule records an issue and carries on, so one run reports every problem with its path and fix.
 All the schema lives in this one module on purpose: a rule and its neighbours are read together.
+The typed reading is in ct200_tools.specread, reading files and inventories in ct200_tools.specfile.
 """
 
 from __future__ import annotations
 
-import difflib
-import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from posixpath import normpath
-from typing import Final, NoReturn
-
-import yaml
+from typing import Final
 
 from ct200_tools.spec import (
-    DEFAULT_SPEC_PATH,
-    SPEC_KEY,
     Engine,
     GpuSpec,
     ModelSpec,
@@ -30,13 +22,25 @@ from ct200_tools.spec import (
     ShmSpec,
     SiteSpec,
     SpecError,
-    SpecIssue,
     SpeculativeSpec,
     TuningSpec,
-    parse_size,
+)
+from ct200_tools.specread import (
+    Issues,
+    Section,
+    at,
+    did_you_mean,
+    entries,
+    keyname,
+    kind,
+    listing,
+    scalar_text,
+    section,
+    show,
+    subsection,
+    within,
 )
 
-NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 ENV_KEY_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ARG_KEY_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 ENGINES: Final[dict[str, Engine]] = {"sglang": "sglang", "vllm": "vllm", "command": "command"}
@@ -107,284 +111,6 @@ SPECULATIVE: Final = {
 }
 
 
-def show(value: object) -> str:
-    """repr() for messages: short, and safe for ints too long for str() (Python >= 3.11 refuses)."""
-    try:
-        text = repr(value)
-    except ValueError:
-        return "<a very large number>"
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def kind(value: object) -> str:
-    # YAML's words, since the reader wrote YAML, not Python.
-    names = ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"))
-    for typ, name in (*names, (list, "a list"), (dict, "a mapping")):
-        if isinstance(value, typ):
-            return name
-    return "null" if value is None else type(value).__name__
-
-
-def at(path: str, key: str | int) -> str:
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    return f"{path}.{key}" if path else key
-
-
-def keyname(key: object) -> str:
-    """A key as a path part; quoted where it could not be told apart from the path's syntax."""
-    plain = isinstance(key, str) and re.fullmatch(r"[^.\[\]\s'\"]+", key)
-    return key if plain and isinstance(key, str) else show(key)
-
-
-def listing(values: Iterable[object]) -> str:
-    return ", ".join(str(v) for v in values)
-
-
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def within(inner: str, outer: str) -> bool:
-    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
-
-
-def scalar_text(value: object) -> str | None:
-    """Numbers become their YAML text (env values, argv); bools are refused as ambiguous."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        try:
-            return str(value)
-        except ValueError:
-            return None
-    return None
-
-
-class Issues:
-    """Every finding of one validation, errors and warnings, in the order found."""
-
-    def __init__(self) -> None:
-        self.items: list[SpecIssue] = []
-
-    def error(self, path: str, message: str, fix: str) -> None:
-        self.items.append(SpecIssue(path, message, fix))
-
-    def warn(self, path: str, message: str, fix: str) -> None:
-        self.items.append(SpecIssue(path, message, fix, "warning"))
-
-    def of(self, severity: str) -> list[SpecIssue]:
-        return [i for i in self.items if i.severity == severity]
-
-
-class Section:
-    """One mapping whose keys were checked; typed getters record what is wrong with a value.
-
-    A getter returns None when the key is absent, null where null is allowed, or invalid (already
-    recorded), so callers only apply defaults.
-    """
-
-    def __init__(
-        self, issues: Issues, data: dict[str, object], path: str, examples: Mapping[str, str]
-    ) -> None:
-        self.issues = issues
-        self.data = data
-        self.path = path
-        self.examples = examples
-
-    def has(self, key: str) -> bool:
-        return self.data.get(key) is not None
-
-    def where(self, key: str) -> str:
-        return at(self.path, key)
-
-    def raw(self, key: str, *, nullable: bool = True) -> object:
-        value = self.data.get(key)
-        if value is None and key in self.data and not nullable:
-            self.issues.error(
-                self.where(key),
-                "is null",
-                f"give a value, e.g. {self.examples[key]}, or remove the key where it is optional",
-            )
-        return value
-
-    def bad(self, key: str, value: object, expected: str) -> None:
-        unquote = isinstance(value, str) and value.strip().isdigit() and expected == "an integer"
-        self.issues.error(
-            self.where(key),
-            f"expected {expected}, got {kind(value)} {show(value)}",
-            f"write {expected}, e.g. {self.examples[key]}"
-            + ("; write the number without quotes" if unquote else ""),
-        )
-
-    def get_int(
-        self, key: str, lo: int, hi: int, *, choices: Sequence[int] = (), nullable: bool = False
-    ) -> int | None:
-        value = self.raw(key, nullable=nullable)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.bad(key, value, "an integer")
-        elif choices and value not in choices:
-            self.issues.error(
-                self.where(key),
-                f"{show(value)} is not one of {listing(choices)}",
-                f"use one of {listing(choices)}, e.g. {self.examples[key]}",
-            )
-        elif not lo <= value <= hi:
-            self.issues.error(
-                self.where(key),
-                f"{show(value)} is out of range {lo}..{hi}",
-                f"use a value from {lo} to {hi}, e.g. {self.examples[key]}",
-            )
-        else:
-            return value
-        return None
-
-    def get_bool(self, key: str) -> bool | None:
-        value = self.raw(key, nullable=False)
-        if value is None or isinstance(value, bool):
-            return value
-        self.bad(key, value, "a boolean")
-        return None
-
-    def get_str(self, key: str, *, nullable: bool = False) -> str | None:
-        value = self.raw(key, nullable=nullable)
-        if value is None or (isinstance(value, str) and value.strip()):
-            return value
-        self.bad(key, value, "a non-empty string")
-        return None
-
-    def get_choice(self, key: str, choices: Sequence[str], *, upper: bool = False) -> str | None:
-        value = self.get_str(key)
-        normal = value.upper() if value is not None and upper else value
-        if normal is None or normal in choices:
-            return normal
-        self.issues.error(
-            self.where(key),
-            f"{show(value)} is not one of {listing(choices)}{did_you_mean(normal, choices)}",
-            f"use one of {listing(choices)}",
-        )
-        return None
-
-    def get_name(self, key: str) -> str | None:
-        value = self.get_str(key)
-        if value is None or NAME_RE.match(value):
-            return value
-        self.issues.error(
-            self.where(key),
-            f"{show(value)} is not a valid name",
-            "use lower-case letters, digits, '.', '_' and '-', starting with a letter or digit "
-            "(names become parts of unit and file names)",
-        )
-        return None
-
-    def get_path(self, key: str, *, nullable: bool = False) -> str | None:
-        value = self.get_str(key, nullable=nullable)
-        if value is None or (value.startswith("/") and ".." not in value.split("/")):
-            return None if value is None else normpath(value)
-        self.issues.error(
-            self.where(key),
-            f"{show(value)} is not an absolute path without '..'",
-            f"write the full path from /, e.g. {self.examples[key]}",
-        )
-        return None
-
-    def get_size(self, key: str, *, nullable: bool = True) -> int | None:
-        value = self.raw(key, nullable=nullable)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int | str):
-            self.bad(key, value, "a size")
-            return None
-        try:
-            return parse_size(value)
-        except ValueError as exc:
-            self.issues.error(self.where(key), str(exc), f"write e.g. {self.examples[key]}")
-            return None
-
-
-def section(
-    issues: Issues,
-    value: object,
-    path: str,
-    examples: Mapping[str, str],
-    required: Sequence[str] = (),
-) -> Section | None:
-    """The mapping at `path` if it is one; unknown keys and missing required ones are errors."""
-    if not isinstance(value, dict):
-        issues.error(
-            path or SPEC_KEY,
-            f"expected a mapping, got {kind(value)} {show(value)}",
-            f"write a mapping with keys {listing(examples)}",
-        )
-        return None
-    known: dict[str, object] = {}
-    for key, item in value.items():
-        if not isinstance(key, str):
-            issues.error(at(path, keyname(key)), f"key {show(key)} is not a string", "quote it")
-        elif key not in examples:
-            issues.error(
-                at(path, keyname(key)),
-                f"unknown key {show(key)}{did_you_mean(key, examples)}",
-                f"remove it, or use one of {listing(examples)}",
-            )
-        else:
-            known[key] = item
-    for key in required:
-        if key not in value:
-            issues.error(at(path, key), "required key is missing", f"add {examples[key]}")
-    return Section(issues, known, path, examples)
-
-
-def subsection(
-    parent: Section, key: str, examples: Mapping[str, str], required: Sequence[str] = ()
-) -> Section | None:
-    """An optional nested mapping; absent or null means not set."""
-    value = parent.data.get(key)
-    if value is None:
-        return None
-    return section(parent.issues, value, parent.where(key), examples, required)
-
-
-def entries(parent: Section, key: str) -> list[object]:
-    """The list at `key`; null means empty, as YAML writes a list whose entries were removed."""
-    value = parent.data.get(key)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        parent.bad(key, value, "a list")
-        return []
-    return value
-
-
-def index_list(issues: Issues, value: object, path: str, count: int | None) -> tuple[int, ...]:
-    """Distinct GPU indices in 0..count-1; empty when anything is wrong (already recorded)."""
-    if not isinstance(value, list) or not value:
-        issues.error(
-            path,
-            f"expected a non-empty list of GPU indices, got {kind(value)} {show(value)}",
-            "write a list like [0, 1, 2, 3]",
-        )
-        return ()
-    good: list[int] = []
-    for i, item in enumerate(value):
-        if isinstance(item, bool) or not isinstance(item, int):
-            issues.error(at(path, i), f"{show(item)} is not a GPU index", "write whole numbers")
-        elif count is not None and not 0 <= item < count:
-            issues.error(
-                at(path, i),
-                f"GPU {show(item)} is out of range 0..{count - 1} (gpus.count is {count})",
-                f"use an index from 0 to {count - 1}, or raise gpus.count",
-            )
-        elif item in good:
-            issues.error(at(path, i), f"GPU {item} is listed twice", "list each GPU once")
-        else:
-            good.append(item)
-    return tuple(good) if len(good) == len(value) else ()
-
-
 # --- sections --------------------------------------------------------------------------------
 
 
@@ -450,6 +176,32 @@ def read_numa(gpus: Section, count: int | None) -> tuple[tuple[int, ...], ...]:
             "add each GPU to its node's list (cat /sys/bus/pci/devices/<bdf>/numa_node)",
         )
     return tuple(nodes)
+
+
+def index_list(issues: Issues, value: object, path: str, count: int | None) -> tuple[int, ...]:
+    """Distinct GPU indices in 0..count-1; empty when anything is wrong (already recorded)."""
+    if not isinstance(value, list) or not value:
+        issues.error(
+            path,
+            f"expected a non-empty list of GPU indices, got {kind(value)} {show(value)}",
+            "write a list like [0, 1, 2, 3]",
+        )
+        return ()
+    good: list[int] = []
+    for i, item in enumerate(value):
+        if isinstance(item, bool) or not isinstance(item, int):
+            issues.error(at(path, i), f"{show(item)} is not a GPU index", "write whole numbers")
+        elif count is not None and not 0 <= item < count:
+            issues.error(
+                at(path, i),
+                f"GPU {show(item)} is out of range 0..{count - 1} (gpus.count is {count})",
+                f"use an index from 0 to {count - 1}, or raise gpus.count",
+            )
+        elif item in good:
+            issues.error(at(path, i), f"GPU {item} is listed twice", "list each GPU once")
+        else:
+            good.append(item)
+    return tuple(good) if len(good) == len(value) else ()
 
 
 def read_tuning(root: Section) -> TuningSpec:
@@ -892,143 +644,3 @@ def validate(data: object, source: str = "") -> SiteSpec:
         warnings=tuple(issues.of("warning")),
         source=source,
     )
-
-
-# --- loading -------------------------------------------------------------------------------------
-
-
-def fail(source: str, message: str, fix: str) -> NoReturn:
-    raise SpecError([SpecIssue(SPEC_KEY, message, fix)], source)
-
-
-def read_text(file: Path) -> str:
-    try:
-        return file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        fail(
-            str(file),
-            "no such file",
-            "pass a site YAML file or an Ansible inventory directory; the playbooks write "
-            f"{DEFAULT_SPEC_PATH} on every target",
-        )
-    except (OSError, UnicodeDecodeError) as exc:
-        fail(str(file), f"cannot read it: {exc}", "check the path and its permissions")
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load that refuses a key written twice: PyYAML keeps the last one silently, so a
-    second `port:` would quietly win over the first."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[object, object]:
-        seen: set[object] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, str | int) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping",
-                    node.start_mark,
-                    f"found duplicate key {key!r}",
-                    key_node.start_mark,
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def parse_yaml(text: str, source: str) -> object:
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = exc.problem or exc.context or "invalid YAML"
-        fail(
-            source,
-            f"YAML error{where}: {problem}",
-            "fix the YAML there (a key written twice, indentation, a missing "
-            "':' or an unclosed quote are the usual causes)",
-        )
-    except (yaml.YAMLError, ValueError, RecursionError) as exc:
-        # PyYAML lets int() errors out (a number of thousands of digits) and recurses per level.
-        fail(source, f"YAML error: {show(str(exc))}", "fix the YAML")
-
-
-def from_file(file: Path) -> tuple[object, str]:
-    doc = parse_yaml(read_text(file), str(file))
-    if isinstance(doc, dict) and SPEC_KEY in doc:
-        return doc[SPEC_KEY], str(file)
-    if isinstance(doc, dict) and set(doc) & set(ROOT):
-        fail(
-            str(file),
-            f"no top-level {SPEC_KEY}: this looks like a bare spec, which is not accepted",
-            f"nest it under '{SPEC_KEY}:', the same key group_vars use, so every file that "
-            "holds a spec says so",
-        )
-    fail(
-        str(file),
-        f"no top-level {SPEC_KEY} key",
-        f"pass a file whose top level has {SPEC_KEY}:, or an inventory directory",
-    )
-
-
-def from_inventory(directory: Path) -> tuple[object, str]:
-    """The one group_vars file that defines the spec (host_vars are not searched: one site)."""
-    group_vars = directory / "group_vars"
-    if not group_vars.is_dir():
-        fail(
-            str(directory),
-            "is a directory without group_vars/",
-            "pass an Ansible inventory directory (with group_vars/) or a site YAML file",
-        )
-    found: list[tuple[Path, object]] = []
-    for file in sorted(group_vars.rglob("*")):
-        if file.suffix not in (".yml", ".yaml") or not file.is_file():
-            continue
-        text = read_text(file)
-        # Parse only candidates: other group_vars may hold tags (!vault) that safe_load refuses.
-        doc = parse_yaml(text, str(file)) if SPEC_KEY in text else None
-        if isinstance(doc, dict) and SPEC_KEY in doc:
-            found.append((file, doc[SPEC_KEY]))
-    if len(found) != 1:
-        files = listing(str(f) for f, _ in found) or "none"
-        fail(
-            str(directory),
-            f"{len(found)} group_vars files define {SPEC_KEY} (found: {files})",
-            f"define {SPEC_KEY} in exactly one file, e.g. group_vars/all/{SPEC_KEY}.yml: "
-            "Ansible would override one with another by group precedence",
-        )
-    return found[0][1], str(found[0][0])
-
-
-def templated(value: object, path: str, seen: set[int]) -> list[SpecIssue]:
-    """Jinja in values: the doctor reads the spec outside Ansible, where it is never rendered."""
-    if isinstance(value, str):
-        if "{{" not in value and "{%" not in value:
-            return []
-        return [
-            SpecIssue(
-                path or SPEC_KEY,
-                f"templated value {show(value)} is not supported",
-                "write the literal value: the doctor reads this spec without Ansible",
-            )
-        ]
-    if id(value) in seen:  # YAML anchors can make a list contain itself
-        return []
-    seen.add(id(value))
-    if isinstance(value, dict):
-        return [i for k, v in value.items() for i in templated(v, at(path, keyname(k)), seen)]
-    if isinstance(value, list):
-        return [i for n, v in enumerate(value) for i in templated(v, at(path, n), seen)]
-    return []
-
-
-def load_spec(path: str | os.PathLike[str]) -> SiteSpec:
-    target = Path(path)
-    data, source = from_inventory(target) if target.is_dir() else from_file(target)
-    jinja = templated(data, "", set())
-    try:
-        spec = validate(data, source)
-    except SpecError as exc:
-        raise SpecError(jinja + exc.issues, source) from None
-    if jinja:
-        raise SpecError(jinja, source)
-    return spec
