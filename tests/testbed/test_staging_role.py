@@ -139,7 +139,28 @@ def read_json(bed: Bed, path: str) -> dict[str, Any]:
 def spec_vars(bed: Bed, label: str, models: list[dict[str, Any]]) -> str:
     """An extra-vars file: the committed testbed spec with these models."""
     site = yaml.safe_load((REPO / "inventory/testbed/group_vars/all.yml").read_text())
-    site["ct200_site"]["models"] = models
+    spec = site["ct200_site"]
+    spec["models"] = models
+    # The role stages what enabled servers serve: one server per model, on its own (declared)
+    # GPU, and the drafter as tb-tiny's DFLASH draft model, so every listed model is needed.
+    names = [m["name"] for m in models]
+    mains = [m for m in models if m["name"] != "tb-tiny-draft"]
+    spec["gpus"]["count"] = max(1, len(mains))
+    spec["servers"] = []
+    for i, m in enumerate(mains):
+        server: dict[str, Any] = {
+            "name": f"srv-{m['name']}",
+            "engine": "sglang",
+            "model": m["name"],
+            "gpus": [i],
+            "port": 30000 + i,
+        }
+        if m["name"] == "tb-tiny" and "tb-tiny-draft" in names:
+            server["speculative"] = {
+                "algorithm": "DFLASH",
+                "draft_model": "/dev/shm/models/tb-tiny-draft",
+            }
+        spec["servers"].append(server)
     path = Path(bed.workdir) / f"staging-{label}.yml"
     path.write_text(yaml.safe_dump(site, sort_keys=False))
     return f"@{path}"
