@@ -24,9 +24,8 @@ import time
 from pathlib import Path
 
 from ct200_tools.testbed import rootfs
-from ct200_tools.testbed.config import DEFAULT_MACHINES, TEST_SLOTS, MachineSpec, Settings, Slot
-from ct200_tools.testbed.errors import TestbedError
-from ct200_tools.testbed.harness import Harness, slot_lock
+from ct200_tools.testbed.config import DEFAULT_MACHINES, MachineSpec, Settings
+from ct200_tools.testbed.harness import Harness, claim_test_slot
 from ct200_tools.testbed.system import Runner
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,12 +84,7 @@ def main() -> int:
             shutil.rmtree(tmp, ignore_errors=True)
 
     with contextlib.ExitStack() as stack:
-        slot = None
-        for n in TEST_SLOTS:
-            with contextlib.suppress(TestbedError):
-                stack.enter_context(slot_lock(Slot(n, settings), wait=False))
-                slot = Slot(n, settings)
-                break
+        slot = claim_test_slot(settings, stack)
         if slot is None:
             sys.exit("bench: every test slot is in use")
         harness = Harness(slot)

@@ -22,7 +22,7 @@ from typing import IO
 import yaml
 
 from ct200_tools.testbed import cgroups, inventory, machine, network, rootfs, ssh, wheelhouse
-from ct200_tools.testbed.config import MachineSpec, Settings, Slot
+from ct200_tools.testbed.config import TEST_SLOTS, MachineSpec, Settings, Slot
 from ct200_tools.testbed.errors import TestbedError
 from ct200_tools.testbed.machine import Machine
 from ct200_tools.testbed.system import Runner, preflight
@@ -80,6 +80,18 @@ def slot_lock(slot: Slot, wait: bool = True) -> Iterator[IO[str]]:
         fh.write(f"pid {os.getpid()}\n")
         fh.flush()
         yield fh
+
+
+def claim_test_slot(settings: Settings, stack: contextlib.ExitStack) -> Slot | None:
+    """Lock the first free test slot for as long as `stack` lives; None when all are taken."""
+    for n in TEST_SLOTS:
+        candidate = Slot(n, settings)
+        try:
+            stack.enter_context(slot_lock(candidate, wait=False))
+        except TestbedError:
+            continue
+        return candidate
+    return None
 
 
 def site_vmid(settings: Settings) -> int:

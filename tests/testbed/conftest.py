@@ -14,9 +14,8 @@ from collections.abc import Iterator
 import pytest
 from tbharness import Bed, require_testbed
 
-from ct200_tools.testbed.config import DEFAULT_MACHINES, TEST_SLOTS, MachineSpec, Settings, Slot
-from ct200_tools.testbed.errors import TestbedError
-from ct200_tools.testbed.harness import Harness, slot_lock
+from ct200_tools.testbed.config import DEFAULT_MACHINES, TEST_SLOTS, MachineSpec, Settings
+from ct200_tools.testbed.harness import Harness, claim_test_slot
 
 
 @pytest.fixture(scope="session")
@@ -24,15 +23,7 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
     require_testbed()
     settings = Settings.from_env()
     with contextlib.ExitStack() as stack:
-        slot = None
-        for n in TEST_SLOTS:
-            candidate = Slot(n, settings)
-            try:
-                stack.enter_context(slot_lock(candidate, wait=False))
-            except TestbedError:
-                continue
-            slot = candidate
-            break
+        slot = claim_test_slot(settings, stack)
         if slot is None:
             pytest.fail(f"every test slot ({TEST_SLOTS.start}..{TEST_SLOTS.stop - 1}) is in use")
         harness = Harness(slot)

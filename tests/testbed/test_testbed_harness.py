@@ -19,9 +19,9 @@ import yaml
 from tbharness import REPO, Bed, require_testbed
 
 from ct200_tools.testbed import cgroups, inventory, network, rootfs, units, wheelhouse
-from ct200_tools.testbed.config import TEST_SLOTS, MachineSpec, Settings, Slot
+from ct200_tools.testbed.config import MachineSpec, Settings, Slot
 from ct200_tools.testbed.errors import TestbedError
-from ct200_tools.testbed.harness import Harness, slot_lock
+from ct200_tools.testbed.harness import Harness, claim_test_slot, slot_lock
 from ct200_tools.testbed.machine import Machine
 from ct200_tools.testbed.system import TOOLS, Runner, require_root, require_tools
 
@@ -132,12 +132,7 @@ def test_killed_run_is_recovered_and_teardown_leaves_nothing(
     it a leftover, up recovers it, down removes everything, and down again is a no-op."""
     settings = testbed.slot.settings
     with contextlib.ExitStack() as stack:
-        slot = None
-        for n in TEST_SLOTS:
-            with contextlib.suppress(TestbedError):
-                stack.enter_context(slot_lock(Slot(n, settings), wait=False))
-                slot = Slot(n, settings)
-                break
+        slot = claim_test_slot(settings, stack)
         if slot is None:
             pytest.skip("no second test slot free")
         harness = Harness(slot)
