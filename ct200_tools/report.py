@@ -38,6 +38,8 @@ def exit_code(findings: Sequence[Finding], strict: bool = False) -> Exit:
 class Header:
     facts: Facts
     spec_source: str | None
+    #: The spec's own warnings (e.g. a TP group across NUMA nodes), shown under the title.
+    spec_warnings: tuple[str, ...] = ()
 
 
 _TITLES = {c.id: c.title for c in CHECKS}
@@ -61,6 +63,7 @@ def render_text(
         f"ct200-doctor {__version__} on {f.hostname or '?'} "
         f"(container: {where}; spec: {head.spec_source or 'none'})",
     ]
+    lines.extend(f"spec warning: {w}" for w in head.spec_warnings)
     width = max((len(x.id) for x in findings), default=10)
     for x in findings:
         lines.append(style(f"[{_MARK[x.status]}] {x.id:<{width}}  {x.summary}", x.status))
@@ -94,6 +97,7 @@ def render_json(findings: Sequence[Finding], head: Header, code: int) -> str:
         "hostname": head.facts.hostname,
         "collected_at": head.facts.collected_at,
         "spec": head.spec_source,
+        "spec_warnings": list(head.spec_warnings),
         "exit_code": int(code),
         "summary": {s: counts.get(s, 0) for s in ("pass", "warn", "fail", "skip")},
         "checks": [

@@ -126,7 +126,7 @@ def check(
     facts = _read_facts(facts_path) if facts_path else _probe(spec, timeout, deep)
     findings = run_checks(facts, spec, selected)
     code = exit_code(findings, strict)
-    head = Header(facts, source)
+    head = Header(facts, source, tuple(str(w) for w in spec.warnings) if spec else ())
     if textfile is not None:
         write_atomic(str(textfile), render_prometheus(findings, head, code))
     if as_json:

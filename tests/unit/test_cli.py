@@ -197,3 +197,18 @@ def test_internal_error_is_exit_3_without_traceback(
     err = capsys.readouterr().err
     assert "internal error: RuntimeError: simulated bug" in err
     assert "Traceback" not in err
+
+
+def test_spec_warnings_are_shown(tmp_path: Path) -> None:
+    import yaml  # noqa: PLC0415
+
+    site = yaml.safe_load((ROOT / "inventory/ct200/group_vars/all/ct200_site.yml").read_text())
+    for server in site["ct200_site"]["servers"]:
+        server["enabled"] = server["name"] == "kimi-tp8"
+    spec = tmp_path / "site.yml"
+    spec.write_text(yaml.safe_dump(site))
+    args = ("check", "--facts", str(FIX / "ct200-ct-healthy.json"), "--spec", str(spec))
+    text = doctor(*args).stdout
+    assert "spec warning: servers[2].gpus: the TP group spans NUMA nodes 0, 1" in text
+    doc = json.loads(doctor(*args, "--json").stdout)
+    assert any("spans NUMA nodes" in w for w in doc["spec_warnings"])
