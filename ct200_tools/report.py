@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from ct200_tools import __version__
-from ct200_tools.checks import CHECKS
-from ct200_tools.checks.base import Finding
+from ct200_tools.checks.base import STATUSES, Finding
 from ct200_tools.facts import Facts, to_jsonable
 
 #: Version of the --json document; bump when a field changes meaning or disappears.
@@ -26,12 +25,25 @@ class Exit(IntEnum):
 
 
 def exit_code(findings: Sequence[Finding], strict: bool = False) -> Exit:
+    """3 when a check broke; 2 when one failed, was blocked by a failing check (selected or
+    not), or when nothing at all was judged; 1 for warnings with --strict; else 0."""
     statuses = {f.status for f in findings}
-    if "fail" in statuses:
+    if "error" in statuses:
+        return Exit.DOCTOR_BROKE
+    if "fail" in statuses or blocked(findings) or not checked_anything(findings):
         return Exit.FAILURES
     if strict and "warn" in statuses:
         return Exit.WARNINGS
     return Exit.OK
+
+
+def blocked(findings: Sequence[Finding]) -> list[Finding]:
+    """Skips that another check's failure caused (run_checks keeps caused_by only then)."""
+    return [f for f in findings if f.status == "skip" and f.caused_by]
+
+
+def checked_anything(findings: Sequence[Finding]) -> bool:
+    return any(f.status in ("pass", "warn", "fail") for f in findings)
 
 
 @dataclass(frozen=True)
@@ -42,9 +54,16 @@ class Header:
     spec_warnings: tuple[str, ...] = ()
 
 
-_TITLES = {c.id: c.title for c in CHECKS}
-_MARK = {"pass": "✓", "warn": "!", "fail": "✗", "skip": "-"}
-_COLOR = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "bright_black"}
+#: A broken check gets flutter doctor's crash mark: it is the doctor's failure, not the machine's.
+_MARK = {"pass": "✓", "warn": "!", "fail": "✗", "skip": "-", "error": "☠"}
+_COLOR = {
+    "pass": "green",
+    "warn": "yellow",
+    "fail": "red",
+    "skip": "bright_black",
+    "error": "magenta",
+}
+_SHOWN = ("fail", "warn", "error")
 
 
 def render_text(
@@ -67,7 +86,7 @@ def render_text(
     width = max((len(x.id) for x in findings), default=10)
     for x in findings:
         lines.append(style(f"[{_MARK[x.status]}] {x.id:<{width}}  {x.summary}", x.status))
-        expand = verbose or x.status in ("fail", "warn")
+        expand = verbose or x.status in _SHOWN
         if expand:
             lines.extend(f"      · {e}" for e in x.evidence)
         if x.remediation and x.status in ("fail", "warn"):
@@ -82,11 +101,33 @@ def render_text(
     lines.append(
         f"{counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed, "
         f"{counts['skip']} skipped"
+        + (
+            f", {counts['error']} broken (a doctor bug: please report it)"
+            if counts["error"]
+            else ""
+        )
     )
+    lines.extend(_not_run_causes(findings))
+    if not checked_anything(findings):
+        lines.append("nothing was checked: every selected check was skipped (reasons above)")
     slow = [p for p in f.probes if p.outcome != "ok"]
     for p in slow:
         lines.append(f"probe {p.name}: {p.outcome}: {p.error}")
     return "\n".join(lines) + "\n"
+
+
+def _not_run_causes(findings: Sequence[Finding]) -> list[str]:
+    """Name the failing checks that blocked a selected one but were not selected themselves."""
+    ran = {x.id for x in findings}
+    by_cause: dict[str, list[str]] = {}
+    for x in blocked(findings):
+        if x.caused_by is not None and x.caused_by not in ran:
+            by_cause.setdefault(x.caused_by, []).append(x.id)
+    return [
+        f"{cause} fails (not selected), so {', '.join(ids)} could not be checked: "
+        f"see it with `ct200-doctor check --only {cause}`"
+        for cause, ids in by_cause.items()
+    ]
 
 
 def render_json(findings: Sequence[Finding], head: Header, code: int) -> str:
@@ -99,16 +140,17 @@ def render_json(findings: Sequence[Finding], head: Header, code: int) -> str:
         "spec": head.spec_source,
         "spec_warnings": list(head.spec_warnings),
         "exit_code": int(code),
-        "summary": {s: counts.get(s, 0) for s in ("pass", "warn", "fail", "skip")},
+        "summary": {s: counts.get(s, 0) for s in STATUSES},
         "checks": [
             {
                 "id": x.id,
-                "title": _TITLES.get(x.id, x.id),
+                "title": x.title,
                 "status": x.status,
                 "severity": x.severity,
                 "summary": x.summary,
                 "evidence": list(x.evidence),
                 "remediation": to_jsonable(x.remediation),
+                "caused_by": x.caused_by,
             }
             for x in findings
         ],
@@ -125,11 +167,12 @@ def _label(value: str) -> str:
 def render_prometheus(findings: Sequence[Finding], head: Header, code: int) -> str:
     """node_exporter textfile collector format: one-hot status per check."""
     out = [
-        "# HELP ct200_doctor_check 1 for the check's current status (one series per status).",
+        "# HELP ct200_doctor_check 1 for the check's current status (one series per status; "
+        "error: the check itself broke).",
         "# TYPE ct200_doctor_check gauge",
     ]
     for x in findings:
-        for status in ("pass", "warn", "fail", "skip"):
+        for status in STATUSES:
             out.append(
                 f'ct200_doctor_check{{check="{_label(x.id)}",severity="{x.severity}",'
                 f'status="{status}"}} {int(x.status == status)}'

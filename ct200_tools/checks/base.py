@@ -1,21 +1,31 @@
 """What a check is, what it returns, and the helpers every check uses.
 
-A check is pure: (Facts, Spec) -> Finding. It never touches the machine. When the facts it needs
-were not readable it skips and says why; it never guesses.
+A check is one self-describing unit: its id, title, severity, doc (the function's docstring),
+the facts it reads, the playbook tags its fixes name, and a pure function (Context -> Outcome),
+made by the `@check(...)` decorator. It never touches the machine. When the facts it needs were
+not readable it skips and says why; it never guesses. When it cannot judge because another
+check fails, it skips naming that check (`caused_by`). A check that raises is a bug: `error`.
 """
 
 from __future__ import annotations
 
+import inspect
+import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from ct200_tools.facts import Facts
 from ct200_tools.spec import SiteSpec
 
-Status = Literal["pass", "warn", "fail", "skip"]
+Status = Literal["pass", "warn", "fail", "skip", "error"]
+#: Every status, in the order reports count them.
+STATUSES: tuple[Status, ...] = ("pass", "warn", "fail", "skip", "error")
 Severity = Literal["error", "warning"]
 Where = Literal["host", "container", "this machine"]
+#: The Facts sections a check may read (the probes' names).
+FactName = Literal["kernel", "devices", "pci", "nvml", "cuda", "memory", "models"]
 
 
 @dataclass(frozen=True)
@@ -30,17 +40,23 @@ class Remedy:
 
 @dataclass(frozen=True)
 class Finding:
+    """One check's verdict, carrying all a report needs (no report looks back into the registry)."""
+
     id: str
+    title: str
     status: Status
     severity: Severity
     summary: str
     evidence: tuple[str, ...] = ()
     remediation: Remedy | None = None
+    #: The check whose failure this finding comes from; run_checks keeps it only when that check
+    #: (or the root of its own chain) fails in these facts, and then names that failing check.
+    caused_by: str | None = None
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a check function returns; the registry adds id and severity."""
+    """What a check function returns; run_check adds id, title and severity."""
 
     ok: bool | None  # None: skipped
     summary: str
@@ -48,6 +64,8 @@ class Outcome:
     remedy: Remedy | None = None
     #: A failed check may downgrade itself to a warning (e.g. "probably fine at idle").
     warn_only: bool = False
+    #: The id of the check whose failure keeps this one from judging (for a skip).
+    caused_by: str | None = None
 
 
 def passed(summary: str, *evidence: str) -> Outcome:
@@ -58,8 +76,8 @@ def failed(summary: str, remedy: Remedy | None, *evidence: str, warn_only: bool 
     return Outcome(False, summary, tuple(evidence), remedy, warn_only)
 
 
-def skipped(summary: str, *evidence: str) -> Outcome:
-    return Outcome(None, summary, tuple(evidence))
+def skipped(summary: str, *evidence: str, caused_by: str | None = None) -> Outcome:
+    return Outcome(None, summary, tuple(e for e in evidence if e), caused_by=caused_by)
 
 
 @dataclass(frozen=True)
@@ -97,10 +115,40 @@ class Check:
     title: str
     severity: Severity
     fn: CheckFn
-    #: For docs/checks.md: what a failure means and how the fix works.
+    #: For docs/checks.md: what a failure means and how the fix works (the function's docstring).
     doc: str = ""
+    #: The Facts sections the function reads; nothing else in Facts changes its verdict.
+    needs: tuple[FactName, ...] = ()
     needs_spec: bool = False
-    tags: tuple[str, ...] = field(default_factory=tuple)
+    #: The playbook tags its remediations may name.
+    tags: tuple[str, ...] = ()
+
+    @property
+    def module(self) -> str:
+        return self.fn.__module__
+
+    def __call__(self, ctx: Context) -> Outcome:
+        return self.fn(ctx)
+
+
+def check(
+    id: str,
+    title: str,
+    severity: Severity,
+    *,
+    needs: tuple[FactName, ...],
+    needs_spec: bool = False,
+    tags: tuple[str, ...] = (),
+) -> Callable[[CheckFn], Check]:
+    """Make the decorated function a check unit; its docstring is the check's doc."""
+
+    def unit(fn: CheckFn) -> Check:
+        doc = " ".join(inspect.cleandoc(fn.__doc__ or "").split())
+        if not doc:
+            raise TypeError(f"check {id}: {fn.__name__} needs a docstring (it is the check's doc)")
+        return Check(id, title, severity, fn, doc, needs, needs_spec, tags)
+
+    return unit
 
 
 NO_SPEC = (
@@ -109,25 +157,38 @@ NO_SPEC = (
 )
 
 
-def run_check(check: Check, ctx: Context) -> Finding:
-    if check.needs_spec and ctx.spec is None:
-        return Finding(check.id, "skip", check.severity, NO_SPEC)
+def run_check(c: Check, ctx: Context) -> Finding:
+    if c.needs_spec and ctx.spec is None:
+        return Finding(c.id, c.title, "skip", c.severity, NO_SPEC)
     try:
-        out = check.fn(ctx)
+        out = c.fn(ctx)
     except Exception as exc:  # noqa: BLE001 - a check bug is reported as such, never a traceback
         return Finding(
-            check.id,
-            "skip",
-            check.severity,
+            c.id,
+            c.title,
+            "error",
+            c.severity,
             f"the check itself failed ({type(exc).__name__}: {exc}); please report this",
+            _raised_at(exc),
         )
+    status: Status
     if out.ok is None:
-        status: Status = "skip"
+        status = "skip"
     elif out.ok:
         status = "pass"
     else:
-        status = "warn" if (check.severity == "warning" or out.warn_only) else "fail"
-    return Finding(check.id, status, check.severity, out.summary, out.evidence, out.remedy)
+        status = "warn" if (c.severity == "warning" or out.warn_only) else "fail"
+    return Finding(
+        c.id, c.title, status, c.severity, out.summary, out.evidence, out.remedy, out.caused_by
+    )
+
+
+def _raised_at(exc: BaseException) -> tuple[str, ...]:
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ()
+    last = frames[-1]
+    return (f"raised at {Path(last.filename).name}:{last.lineno} in {last.name}",)
 
 
 def gib(n: int | None) -> str:

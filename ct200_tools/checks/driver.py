@@ -1,9 +1,8 @@
-"""The NVIDIA driver: kernel module, NVML, matching versions, and CUDA really initialising."""
+"""driver.*: the NVIDIA driver's kernel module, NVML, and their versions matching."""
 
 from __future__ import annotations
 
-from ct200_tools.checks import devices
-from ct200_tools.checks.base import Context, Outcome, Remedy, failed, passed, skipped
+from ct200_tools.checks.base import Context, Outcome, Remedy, check, failed, passed, skipped
 
 MODULE_FIX = Remedy(
     "load the NVIDIA kernel modules and create the device nodes; persist them in "
@@ -14,7 +13,17 @@ MODULE_FIX = Remedy(
 )
 
 
+@check(
+    "driver.module",
+    "NVIDIA kernel module loaded",
+    "error",
+    needs=("kernel", "pci"),
+    tags=("host_devices",),
+)
 def check_module(ctx: Context) -> Outcome:
+    """The host's NVIDIA kernel module is loaded (/proc/driver/nvidia/version). Without it
+    nothing else works. Fix on the host: load nvidia and nvidia_uvm and persist them in
+    /etc/modules-load.d."""
     k = ctx.facts.kernel
     if k is None:
         return skipped("kernel facts not read", ctx.unreadable("kernel") or "")
@@ -40,7 +49,16 @@ def check_module(ctx: Context) -> Outcome:
     )
 
 
+@check(
+    "driver.nvml",
+    "NVML initialises",
+    "error",
+    needs=("nvml", "kernel"),
+    tags=("host_devices",),
+)
 def check_nvml(ctx: Context) -> Outcome:
+    """libnvidia-ml answers. In a container this needs the userspace driver installed with
+    --no-kernel-module, at the host module's exact version."""
     if ctx.facts.nvml is not None:
         n = ctx.facts.nvml
         return passed(f"NVML {n.nvml_version} sees {len(n.gpus)} GPU(s), driver {n.driver_version}")
@@ -70,13 +88,19 @@ def check_nvml(ctx: Context) -> Outcome:
     )
 
 
+@check(
+    "driver.versions", "kernel module and userspace driver match", "error", needs=("kernel", "nvml")
+)
 def check_versions(ctx: Context) -> Outcome:
+    """The kernel module version equals the userspace (NVML) driver version; CUDA refuses a
+    mismatch. The host's module wins: reinstall the container's userspace driver."""
     k, n = ctx.facts.kernel, ctx.facts.nvml
     module = k.nvidia_module_version if k else None
     user = n.driver_version if n else None
     if not module or not user:
         return skipped(
-            "needs both the kernel module and NVML versions (see driver.module, driver.nvml)"
+            "needs both the kernel module and NVML versions (see driver.module, driver.nvml)",
+            caused_by="driver.nvml" if module else "driver.module",
         )
     if module == user:
         return passed(f"kernel module and userspace driver are both {module}")
@@ -89,57 +113,4 @@ def check_versions(ctx: Context) -> Outcome:
         ),
         f"/proc/driver/nvidia/version: {module}",
         f"nvmlSystemGetDriverVersion: {user}",
-    )
-
-
-def check_cuda_init(ctx: Context) -> Outcome:
-    c = ctx.facts.cuda
-    if c is None:
-        return skipped("CUDA was not probed", ctx.unreadable("cuda") or "")
-    if c.code == 0:
-        return passed(f"cuInit ok, {c.device_count} device(s), in {c.duration_s:.2f} s")
-    if c.timed_out:
-        return failed(
-            c.error or "cuInit timed out",
-            Remedy(
-                "look for a hung GPU or driver on the host", "host", "dmesg | grep -E 'NVRM|Xid'"
-            ),
-        )
-    module_loaded = bool(ctx.facts.kernel and ctx.facts.kernel.nvidia_module_version)
-    if c.code is None and not module_loaded:
-        return failed(
-            f"CUDA unavailable: {c.error}; the NVIDIA kernel module is not loaded", MODULE_FIX
-        )
-    if c.code is None:
-        return failed(
-            f"CUDA unavailable: {c.error}",
-            Remedy(
-                "install the NVIDIA userspace driver (libcuda.so.1) matching the kernel module",
-                "container" if ctx.in_container else "this machine",
-                "sh NVIDIA-Linux-x86_64-<version>.run --no-kernel-module --silent",
-            ),
-        )
-    head = f"cuInit returned {c.code} {c.name or ''}".strip()
-    if not module_loaded:
-        return failed(f"{head}: the NVIDIA kernel module is not loaded", MODULE_FIX)
-    node_problems = devices.problems(ctx)
-    if node_problems:
-        first = node_problems[0]
-        return failed(
-            f"{head}: {first.message}",
-            devices.remedy_for(ctx, first),
-            *[p.message for p in node_problems],
-        )
-    module = ctx.facts.kernel.nvidia_module_version if ctx.facts.kernel else None
-    n = ctx.facts.nvml
-    if n and n.driver_version and module != n.driver_version:
-        return failed(
-            f"{head}: userspace driver {n.driver_version} does not match module {module}",
-            Remedy("install the matching userspace driver", "container", None),
-        )
-    return failed(
-        f"{head}; device nodes look right, so look at the driver's own log",
-        Remedy(
-            "read the host's kernel log for NVRM/Xid errors", "host", "dmesg | grep -E 'NVRM|Xid'"
-        ),
     )

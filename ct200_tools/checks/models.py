@@ -1,10 +1,10 @@
-"""Models the enabled servers serve: staged, marked, and matching their manifest."""
+"""models.*: the models the enabled servers serve: staged, marked, and matching their manifest."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ct200_tools.checks.base import Context, Outcome, Remedy, failed, passed, skipped
+from ct200_tools.checks.base import Context, Outcome, Remedy, check, failed, passed, skipped
 from ct200_tools.facts import ModelFacts
 from ct200_tools.spec import ModelSpec
 
@@ -60,7 +60,19 @@ def _sort(models: list[ModelSpec], found: dict[str, ModelFacts]) -> _Sorted:
     return out
 
 
+@check(
+    "models.staged",
+    "models staged and intact",
+    "error",
+    needs=("models",),
+    needs_spec=True,
+    tags=("staging",),
+)
 def check_staged(ctx: Context) -> Outcome:
+    """Every model an enabled server serves (and its declared draft model) is staged by
+    ct200-stage: a marker naming the manifest, every file at its size, and with --deep every
+    chunk re-hashed. A partial tree with a running stage is a warning; a missing persistent copy
+    says so, since staging never creates one."""
     models = needed_models(ctx)
     if not models:
         return skipped("no enabled server needs a model")

@@ -12,7 +12,7 @@ from typing import NoReturn
 import click
 
 from ct200_tools import __version__
-from ct200_tools.checks import CHECKS, UnknownCheckError, run_checks, select
+from ct200_tools.checks import CHECKS, SelectionError, run_checks, select
 from ct200_tools.cli.options import spec_option
 from ct200_tools.facts import Facts, FactsFormatError
 from ct200_tools.fsutil import write_atomic
@@ -37,7 +37,9 @@ Examples:
   ct200-doctor validate inventory/ct200
 
 \b
-Exit codes: 0 clean, 1 warnings (with --strict), 2 failures or bad input, 3 the doctor broke.
+Exit codes: 0 clean, 1 warnings (with --strict), 2 failures (a failed check, a check
+blocked by a failing one, or nothing checked at all) or bad input, 3 the doctor broke (a
+check raised: status "error").
 """
 
 
@@ -120,7 +122,7 @@ def check(
     """Probe this machine (or read --facts) and judge it against the site spec."""
     try:
         selected = select(_split(only), _split(skip))
-    except UnknownCheckError as exc:
+    except SelectionError as exc:
         raise DoctorError(str(exc)) from None
     spec, source = _load_spec(spec_path)
     facts = _read_facts(facts_path) if facts_path else _probe(spec, timeout, deep)
@@ -175,7 +177,14 @@ def list_checks(as_json: bool) -> None:
 
     if as_json:
         rows = [
-            {"id": c.id, "title": c.title, "severity": c.severity, "needs_spec": c.needs_spec}
+            {
+                "id": c.id,
+                "title": c.title,
+                "severity": c.severity,
+                "needs_spec": c.needs_spec,
+                "needs": list(c.needs),
+                "tags": list(c.tags),
+            }
             for c in CHECKS
         ]
         click.echo(json.dumps(rows, indent=2))

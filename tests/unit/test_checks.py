@@ -232,13 +232,21 @@ def test_unreadable_facts_skip_never_fail(ct200: SiteSpec) -> None:
         assert f.status == "skip", f
 
 
-def test_a_broken_check_is_reported_not_raised() -> None:
+def test_a_broken_check_is_an_error_not_a_skip() -> None:
+    """Issue 9: a check that raises is reported as `error` (never a skip or a pass) and the run
+    exits 3, whatever else passed or failed."""
+
     def boom(ctx: Context) -> Outcome:
         raise KeyError("x")
 
     f = run_check(Check("t.boom", "t", "error", boom), Context(Facts(), None))
-    assert f.status == "skip"
+    assert f.status == "error"
     assert "the check itself failed" in f.summary
+    assert f.summary == "the check itself failed (KeyError: 'x'); please report this"
+    assert f.evidence and f.evidence[0].startswith("raised at test_checks.py:")
+    assert exit_code([f]) == Exit.DOCTOR_BROKE
+    fail = Finding("t.fail", "t", "fail", "error", "broken machine")
+    assert exit_code([fail, f]) == Exit.DOCTOR_BROKE
 
 
 def test_select_by_prefix_and_unknown() -> None:

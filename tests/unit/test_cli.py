@@ -44,10 +44,21 @@ def test_json_report_schema() -> None:
     doc = json.loads(r.stdout)
     assert doc["schema_version"] == 1
     assert doc["exit_code"] == 2
-    assert set(doc["summary"]) == {"pass", "warn", "fail", "skip"}
+    assert set(doc["summary"]) == {"pass", "warn", "fail", "skip", "error"}
+    assert doc["summary"]["error"] == 0
     for c in doc["checks"]:
-        assert set(c) >= {"id", "status", "severity", "summary", "evidence", "remediation"}
-        assert c["status"] in ("pass", "warn", "fail", "skip")
+        assert set(c) >= {
+            "id",
+            "title",
+            "status",
+            "severity",
+            "summary",
+            "evidence",
+            "remediation",
+            "caused_by",
+        }
+        assert c["status"] in ("pass", "warn", "fail", "skip", "error")
+    assert doc["checks"][0]["title"] == "NVIDIA kernel module loaded"
     cuda = next(c for c in doc["checks"] if c["id"] == "gpu.cuda_init")
     assert cuda["remediation"]["command"] == "devN: /dev/nvidia-uvm,mode=0666"
     assert cuda["remediation"]["where"] == "host"
@@ -165,6 +176,9 @@ def test_unknown_check_and_list_checks() -> None:
     assert "gpu.cuda_init" in listed and "dev.open" in listed
     rows = json.loads(doctor("list-checks", "--json").stdout)
     assert rows[0]["id"] == "driver.module"
+    assert rows[0]["needs"] == ["kernel", "pci"] and rows[0]["tags"] == ["host_devices"]
+    lines = doctor("list-checks").stdout.splitlines()
+    assert [r["id"] for r in rows] == [line.split()[0] for line in lines]  # registry order
 
 
 def test_unreadable_sysfs_and_missing_shm_skip_not_crash(tmp_path: Path) -> None:
@@ -212,3 +226,102 @@ def test_spec_warnings_are_shown(tmp_path: Path) -> None:
     assert "spec warning: servers[2].gpus: the TP group spans NUMA nodes 0, 1" in text
     doc = json.loads(doctor(*args, "--json").stdout)
     assert any("spans NUMA nodes" in w for w in doc["spec_warnings"])
+
+
+def test_a_broken_check_is_shown_as_error_and_exits_3(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 9: a check that raises is `error` in text (its own mark), JSON and Prometheus, and
+    the run exits 3; the other checks still run and show. The raising function stands in for a
+    check bug (no real check raises on valid facts)."""
+    import dataclasses  # noqa: PLC0415
+
+    from ct200_tools import checks  # noqa: PLC0415
+    from ct200_tools.cli import doctor as cli_doctor  # noqa: PLC0415
+
+    def boom(ctx: object) -> None:
+        raise ZeroDivisionError("simulated check bug")
+
+    broken = tuple(
+        dataclasses.replace(c, fn=boom) if c.id == "gpu.clocks" else c for c in checks.CHECKS
+    )
+    monkeypatch.setattr(checks, "CHECKS", broken)
+    args = ["check", "--facts", str(FIX / "h200-healthy.json"), "--only", "gpu"]
+    outputs = {}
+    for fmt in ((), ("--json",), ("--prometheus",)):
+        with pytest.raises(SystemExit) as exit_info:
+            cli_doctor.main([*args, *fmt])
+        assert exit_info.value.code == 3, fmt
+        outputs[fmt] = capsys.readouterr().out
+    text = outputs[()]
+    assert "[☠] gpu.clocks" in text
+    assert "the check itself failed (ZeroDivisionError: simulated check bug)" in text
+    assert "[✓] gpu.cuda_init" in text
+    assert "1 broken (a doctor bug: please report it)" in text
+    doc = json.loads(outputs[("--json",)])
+    clocks = next(c for c in doc["checks"] if c["id"] == "gpu.clocks")
+    assert clocks["status"] == "error" and doc["summary"]["error"] == 1
+    assert doc["exit_code"] == 3
+    prom = outputs[("--prometheus",)].splitlines()
+    assert 'ct200_doctor_check{check="gpu.clocks",severity="warning",status="error"} 1' in prom
+    assert 'ct200_doctor_check{check="gpu.cuda_init",severity="error",status="error"} 0' in prom
+    assert "ct200_doctor_exit_code 3" in prom
+
+
+def test_only_dev_without_the_driver_is_not_clean() -> None:
+    """Issue 9: on a machine without the driver, `--only dev` skips all three checks. They skip
+    because driver.module fails, so the run names it and exits 2, though it was not selected."""
+    args = ("check", "--facts", str(FIX / "nodriver-vm.json"), "--only", "dev")
+    r = doctor(*args)
+    no_traceback(r)
+    assert r.returncode == 2, r.stdout
+    assert "[✗]" not in r.stdout  # nothing it ran failed: the blocked skips carry the exit code
+    assert (
+        "driver.module fails (not selected), so dev.nodes, dev.majors, dev.open could not be "
+        "checked: see it with `ct200-doctor check --only driver.module`"
+    ) in r.stdout
+    doc = json.loads(doctor(*args, "--json").stdout)
+    assert doc["exit_code"] == 2
+    assert {c["id"]: (c["status"], c["caused_by"]) for c in doc["checks"]} == {
+        "dev.nodes": ("skip", "driver.module"),
+        "dev.majors": ("skip", "driver.module"),
+        "dev.open": ("skip", "driver.module"),  # through dev.nodes, itself blocked
+    }
+    # Selected together, the root cause shows as the failure and the dependants point at it.
+    both = json.loads(doctor(*args, "--only", "driver.module", "--json").stdout)
+    assert both["exit_code"] == 2 and both["summary"]["fail"] == 1
+    assert both["checks"][0]["id"] == "driver.module" and both["checks"][0]["status"] == "fail"
+
+
+def test_a_skip_whose_cause_passes_is_only_a_skip() -> None:
+    """caused_by is kept only when the named check really fails: with the module loaded and
+    NVML readable, nothing blocks the dev checks of the healthy H200."""
+    r = doctor("check", "--facts", str(FIX / "h200-healthy.json"), "--only", "dev", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0
+    assert all(c["caused_by"] is None for c in doc["checks"])
+
+
+def test_selecting_no_check_is_a_usage_error() -> None:
+    r = doctor("check", "--facts", str(FIX / "h200-healthy.json"), "--only", "gpu", "--skip", "gpu")
+    no_traceback(r)
+    assert r.returncode == 2
+    assert "--only gpu --skip gpu selects no check" in r.stderr
+    assert r.stdout == ""
+
+
+def test_a_run_that_checks_nothing_is_not_clean() -> None:
+    """Every selected check skipped (MRRS cannot be read in an unprivileged container): the
+    run says nothing was checked and exits 2, never 0."""
+    r = doctor(
+        "check",
+        "--facts",
+        str(FIX / "ct200-ct-healthy.json"),
+        "--spec",
+        CT200,
+        "--only",
+        "tune.pcie_mrrs",
+    )
+    assert r.returncode == 2, r.stdout
+    assert "[-] tune.pcie_mrrs" in r.stdout
+    assert "nothing was checked: every selected check was skipped" in r.stdout

@@ -10,7 +10,7 @@ import errno
 import re
 from dataclasses import dataclass
 
-from ct200_tools.checks.base import Context, Outcome, Remedy, failed, passed, skipped
+from ct200_tools.checks.base import Context, Outcome, Remedy, check, failed, passed, skipped
 from ct200_tools.facts import DevNode
 
 CORE = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
@@ -197,11 +197,27 @@ def _module_missing(ctx: Context) -> bool:
     )
 
 
+#: The playbook tags remedy_for names.
+TAGS = ("lxc_passthrough", "host_devices")
+
+
+@check(
+    "dev.nodes",
+    "device nodes present",
+    "error",
+    needs=("devices", "kernel", "nvml", "pci"),
+    tags=TAGS,
+)
 def check_nodes_present(ctx: Context) -> Outcome:
+    """/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools and /dev/nvidia0..N-1 exist as
+    character devices. In an LXC container they come from devN: entries (or lxc.mount.entry
+    lines); on the host from nvidia-modprobe -u -c0."""
     if ctx.facts.devices is None:
         return skipped("device nodes not read", ctx.unreadable("devices") or "")
     if _module_missing(ctx):
-        return skipped("the NVIDIA kernel module is not loaded (see driver.module)")
+        return skipped(
+            "the NVIDIA kernel module is not loaded (see driver.module)", caused_by="driver.module"
+        )
     want = expected_nodes(ctx)
     missing = [pr for pr in problems(ctx, want) if pr.kind in ("missing", "not_char")]
     if not missing:
@@ -214,12 +230,24 @@ def check_nodes_present(ctx: Context) -> Outcome:
     )
 
 
+@check(
+    "dev.majors",
+    "device node majors are current",
+    "error",
+    needs=("devices", "kernel"),
+    tags=TAGS,
+)
 def check_node_majors(ctx: Context) -> Outcome:
+    """Each node's major equals its driver's major in /proc/devices. nvidia-uvm's major is
+    dynamic (511, 238, 508...): a node or an lxc.cgroup2.devices.allow line made for an older
+    major is stale after a driver update or reboot."""
     dev = ctx.facts.devices
     if dev is None:
         return skipped("device nodes not read", ctx.unreadable("devices") or "")
     if not any(k.startswith("nvidia") for k in dev.majors):
-        return skipped("no NVIDIA driver in /proc/devices (see driver.module)")
+        return skipped(
+            "no NVIDIA driver in /proc/devices (see driver.module)", caused_by="driver.module"
+        )
     present = [n.path for n in dev.nodes if n.exists and n.is_char]
     wrong = [pr for pr in problems(ctx, present) if pr.kind == "wrong_major"]
     if not wrong:
@@ -232,7 +260,17 @@ def check_node_majors(ctx: Context) -> Outcome:
     )
 
 
+@check(
+    "dev.open",
+    "device nodes open read-write",
+    "error",
+    needs=("devices", "kernel", "nvml", "pci"),
+    tags=TAGS,
+)
 def check_nodes_open(ctx: Context) -> Outcome:
+    """open(O_RDWR) succeeds on each node, as libcuda's does. EPERM means the device cgroup
+    denies the major:minor (the incident: nvidia-uvm not allowed in the LXC config); EACCES
+    means file permissions; ENXIO/ENODEV a node with no driver behind it."""
     dev = ctx.facts.devices
     if dev is None:
         return skipped("device nodes not read", ctx.unreadable("devices") or "")
@@ -240,7 +278,7 @@ def check_nodes_open(ctx: Context) -> Outcome:
         p for p in expected_nodes(ctx) if (n := dev.node(p)) is not None and n.exists and n.is_char
     ]
     if not present:
-        return skipped("no NVIDIA device nodes to open (see dev.nodes)")
+        return skipped("no NVIDIA device nodes to open (see dev.nodes)", caused_by="dev.nodes")
     bad = [
         pr
         for pr in problems(ctx, present)

@@ -1,14 +1,24 @@
-"""Host tunings that must hold before benchmarks: NUMA balancing, PCIe MRRS, IOMMU mode."""
+"""tune.*: host tunings that must hold before benchmarks: NUMA balancing, PCIe MRRS."""
 
 from __future__ import annotations
 
-from ct200_tools.checks.base import Context, Outcome, Remedy, failed, passed, skipped
+from ct200_tools.checks.base import Context, Outcome, Remedy, check, failed, passed, skipped
 
 #: Device Control bits 14:12 hold log2(MRRS/128).
 MRRS_CODE = {128: 0, 256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
 
 
+@check(
+    "tune.numa_balancing",
+    "NUMA balancing",
+    "error",
+    needs=("kernel",),
+    needs_spec=True,
+    tags=("host_tuning",),
+)
 def check_numa_balancing(ctx: Context) -> Outcome:
+    """kernel.numa_balancing equals tuning.numa_balancing (0: the workload is NUMA-pinned
+    already). Host sysctl; read-only inside a container."""
     want = ctx.site.tuning.numa_balancing
     if want is None:
         return skipped("tuning.numa_balancing not managed by the spec")
@@ -31,7 +41,18 @@ def check_numa_balancing(ctx: Context) -> Outcome:
     )
 
 
+@check(
+    "tune.pcie_mrrs",
+    "PCIe Max Read Request",
+    "error",
+    needs=("pci", "kernel"),
+    needs_spec=True,
+    tags=("host_tuning",),
+)
 def check_mrrs(ctx: Context) -> Outcome:
+    """Each GPU's Device Control MRRS equals tuning.pcie_max_read_request. Config space resets
+    at reboot and GPU reset, so a boot unit re-applies it. Skipped where only the 64-byte header
+    is readable (unprivileged container)."""
     want = ctx.site.tuning.pcie_max_read_request
     if want is None:
         return skipped("tuning.pcie_max_read_request not managed by the spec")
@@ -62,25 +83,3 @@ def check_mrrs(ctx: Context) -> Outcome:
         ),
         *evidence,
     )
-
-
-def check_iommu(ctx: Context) -> Outcome:
-    k = ctx.facts.kernel
-    if k is None or k.cmdline is None:
-        return skipped("kernel command line not read")
-    args = k.cmdline.split()
-    iommu_on = any(a in ("intel_iommu=on", "amd_iommu=on") for a in args)
-    passthrough = "iommu=pt" in args or "iommu.passthrough=1" in args
-    if iommu_on and not passthrough:
-        return failed(
-            "IOMMU translation is on without passthrough: GPU P2P goes through the root complex",
-            Remedy(
-                "add iommu=pt to the host kernel command line and reboot",
-                ctx.host_where,
-                'GRUB_CMDLINE_LINUX_DEFAULT="... iommu=pt" then update-grub',
-                "host_tuning",
-            ),
-            f"cmdline: {' '.join(a for a in args if 'iommu' in a)}",
-        )
-    shown = " ".join(a for a in args if "iommu" in a) or "no iommu arguments"
-    return passed("IOMMU does not translate GPU traffic", f"cmdline: {shown}")

@@ -1,8 +1,8 @@
-"""/dev/shm and the memory cgroup: room for every model the enabled servers serve."""
+"""mem.*: /dev/shm and the memory cgroup: room for every model the enabled servers serve."""
 
 from __future__ import annotations
 
-from ct200_tools.checks.base import Context, Outcome, Remedy, failed, gib, passed, skipped
+from ct200_tools.checks.base import Context, Outcome, Remedy, check, failed, gib, passed, skipped
 from ct200_tools.checks.models import needed_models
 
 #: tmpfs rounds its size to pages and df to blocks; a hair under the spec is not a fault.
@@ -24,7 +24,16 @@ def model_sizes(ctx: Context) -> tuple[dict[str, int], list[str]]:
     return sizes, unknown
 
 
+@check(
+    "mem.shm",
+    "/dev/shm size",
+    "error",
+    needs=("memory", "models"),
+    needs_spec=True,
+    tags=("container_shm",),
+)
 def check_shm(ctx: Context) -> Outcome:
+    """/dev/shm is a tmpfs at least shm.size large, and the models of enabled servers fit."""
     mem = ctx.facts.memory
     if mem is None:
         return skipped("memory facts not read", ctx.unreadable("memory") or "")
@@ -78,9 +87,17 @@ def check_shm(ctx: Context) -> Outcome:
     return passed(f"/dev/shm is tmpfs, {gib(mem.shm_size)}", *evidence)
 
 
+@check(
+    "mem.headroom",
+    "memory for staging",
+    "error",
+    needs=("memory", "models"),
+    needs_spec=True,
+    tags=("lxc_passthrough",),
+)
 def check_headroom(ctx: Context) -> Outcome:
-    """Staging writes tmpfs pages, and they count against the memory cgroup: the models still
-    to stage must fit /dev/shm's free space, and with shm.reserve_ram on top the memory."""
+    """The memory cgroup (tmpfs pages count against it) and /dev/shm have room for the models
+    still to stage plus shm.reserve_ram."""
     mem = ctx.facts.memory
     if mem is None:
         return skipped("memory facts not read", ctx.unreadable("memory") or "")

@@ -1,8 +1,8 @@
-"""Tensor-parallel groups against the machine's real topology: NUMA nodes and P2P."""
+"""topo.*: tensor-parallel groups against the machine's real topology: NUMA nodes and P2P."""
 
 from __future__ import annotations
 
-from ct200_tools.checks.base import Context, Outcome, Remedy, failed, passed, skipped
+from ct200_tools.checks.base import Context, Outcome, Remedy, check, failed, passed, skipped
 from ct200_tools.spec import ServerSpec
 
 #: Measured on CT200 (domain.md section 1).
@@ -26,14 +26,22 @@ def numa_of_gpus(ctx: Context) -> dict[int, int | None] | None:
 def _nodes(ctx: Context) -> tuple[dict[int, int | None] | None, Outcome | None]:
     nodes = numa_of_gpus(ctx)
     if nodes is None:
-        return None, skipped("NVML unavailable (see driver.nvml)")
+        return None, skipped("NVML unavailable (see driver.nvml)", caused_by="driver.nvml")
     if nodes and all(v is None for v in nodes.values()):
         why = ctx.unreadable("pci") or "sysfs gives no NUMA node"
         return None, skipped("the platform reports no NUMA node for the GPUs", why)
     return nodes, None
 
 
+@check(
+    "topo.numa_layout",
+    "NUMA layout matches the spec",
+    "warning",
+    needs=("nvml", "pci"),
+    needs_spec=True,
+)
 def check_numa_layout(ctx: Context) -> Outcome:
+    """Each GPU's NUMA node (sysfs numa_node via its PCI address) is where gpus.numa says."""
     if not ctx.site.gpus.numa:
         return skipped("gpus.numa not declared in the spec")
     nodes, skip = _nodes(ctx)
@@ -64,7 +72,17 @@ def _group_line(s: ServerSpec) -> str:
     return f"{s.name} (GPUs {list(s.gpus)})"
 
 
+@check(
+    "topo.tp_numa",
+    "TP groups inside one NUMA node",
+    "warning",
+    needs=("nvml", "pci"),
+    needs_spec=True,
+    tags=("servers",),
+)
 def check_tp_numa(ctx: Context) -> Outcome:
+    """Each enabled server's GPUs share one NUMA node. Crossing the inter-socket link made TP8
+    slower than TP4 for single requests on CT200."""
     servers = [s for s in ctx.site.enabled_servers if len(s.gpus) > 1]
     if not servers:
         return skipped("no enabled multi-GPU server in the spec")
@@ -91,13 +109,23 @@ def check_tp_numa(ctx: Context) -> Outcome:
     )
 
 
+@check(
+    "topo.p2p",
+    "P2P inside TP groups",
+    "warning",
+    needs=("nvml",),
+    needs_spec=True,
+    tags=("host_tuning",),
+)
 def check_p2p(ctx: Context) -> Outcome:
+    """NVML reports P2P read and write OK for every GPU pair of an enabled server; otherwise NCCL
+    copies through host memory. ACS and IOMMU translation are the usual causes."""
     servers = [s for s in ctx.site.enabled_servers if len(s.gpus) > 1]
     if not servers:
         return skipped("no enabled multi-GPU server in the spec")
     nvml = ctx.facts.nvml
     if nvml is None:
-        return skipped("NVML unavailable (see driver.nvml)")
+        return skipped("NVML unavailable (see driver.nvml)", caused_by="driver.nvml")
     links = {(link.a, link.b): link for link in nvml.links}
     bad, evidence = [], []
     for s in servers:

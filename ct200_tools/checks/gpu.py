@@ -1,8 +1,11 @@
-"""The GPUs themselves: count, model, PCIe link capability, persistence, memory health, clocks."""
+"""gpu.*: CUDA really initialising, and the GPUs themselves: count, model, PCIe link
+capability, persistence, memory health, clocks."""
 
 from __future__ import annotations
 
-from ct200_tools.checks.base import Context, Outcome, Remedy, failed, passed, skipped
+from ct200_tools.checks import dev
+from ct200_tools.checks.base import Context, Outcome, Remedy, check, failed, passed, skipped
+from ct200_tools.checks.driver import MODULE_FIX
 from ct200_tools.facts import GpuFacts
 
 #: sysfs link speed -> PCIe generation.
@@ -25,10 +28,84 @@ def _gpus(ctx: Context) -> tuple[GpuFacts, ...] | None:
 
 
 def _no_nvml(ctx: Context) -> Outcome:
-    return skipped("NVML unavailable (see driver.nvml)", ctx.unreadable("nvml") or "")
+    return skipped(
+        "NVML unavailable (see driver.nvml)", ctx.unreadable("nvml") or "", caused_by="driver.nvml"
+    )
 
 
+@check(
+    "gpu.cuda_init",
+    "CUDA initialises",
+    "error",
+    needs=("cuda", "kernel", "devices", "nvml", "pci"),
+    tags=(*dev.TAGS,),
+)
+def check_cuda_init(ctx: Context) -> Outcome:
+    """cuInit(0) returns CUDA_SUCCESS in a child process within the timeout. nvidia-smi can
+    work while this fails (999 CUDA_ERROR_UNKNOWN when /dev/nvidia-uvm is denied); the finding
+    names the node, errno and the exact host config line that fixes it."""
+    c = ctx.facts.cuda
+    if c is None:
+        return skipped("CUDA was not probed", ctx.unreadable("cuda") or "")
+    if c.code == 0:
+        return passed(f"cuInit ok, {c.device_count} device(s), in {c.duration_s:.2f} s")
+    if c.timed_out:
+        return failed(
+            c.error or "cuInit timed out",
+            Remedy(
+                "look for a hung GPU or driver on the host", "host", "dmesg | grep -E 'NVRM|Xid'"
+            ),
+        )
+    module_loaded = bool(ctx.facts.kernel and ctx.facts.kernel.nvidia_module_version)
+    if c.code is None and not module_loaded:
+        return failed(
+            f"CUDA unavailable: {c.error}; the NVIDIA kernel module is not loaded", MODULE_FIX
+        )
+    if c.code is None:
+        return failed(
+            f"CUDA unavailable: {c.error}",
+            Remedy(
+                "install the NVIDIA userspace driver (libcuda.so.1) matching the kernel module",
+                "container" if ctx.in_container else "this machine",
+                "sh NVIDIA-Linux-x86_64-<version>.run --no-kernel-module --silent",
+            ),
+        )
+    head = f"cuInit returned {c.code} {c.name or ''}".strip()
+    if not module_loaded:
+        return failed(f"{head}: the NVIDIA kernel module is not loaded", MODULE_FIX)
+    node_problems = dev.problems(ctx)
+    if node_problems:
+        first = node_problems[0]
+        return failed(
+            f"{head}: {first.message}",
+            dev.remedy_for(ctx, first),
+            *[p.message for p in node_problems],
+        )
+    module = ctx.facts.kernel.nvidia_module_version if ctx.facts.kernel else None
+    n = ctx.facts.nvml
+    if n and n.driver_version and module != n.driver_version:
+        return failed(
+            f"{head}: userspace driver {n.driver_version} does not match module {module}",
+            Remedy("install the matching userspace driver", "container", None),
+        )
+    return failed(
+        f"{head}; device nodes look right, so look at the driver's own log",
+        Remedy(
+            "read the host's kernel log for NVRM/Xid errors", "host", "dmesg | grep -E 'NVRM|Xid'"
+        ),
+    )
+
+
+@check(
+    "gpu.count",
+    "GPU count matches the spec",
+    "error",
+    needs=("nvml", "pci", "cuda", "kernel"),
+    needs_spec=True,
+    tags=("lxc_passthrough",),
+)
 def check_count(ctx: Context) -> Outcome:
+    """NVML (and CUDA) see gpus.count GPUs."""
     want = ctx.site.gpus.count
     gpus = _gpus(ctx)
     pci = ctx.facts.pci
@@ -60,7 +137,9 @@ def check_count(ctx: Context) -> Outcome:
     )
 
 
+@check("gpu.model", "GPU model matches the spec", "error", needs=("nvml",), needs_spec=True)
 def check_model(ctx: Context) -> Outcome:
+    """Every GPU's name contains gpus.model."""
     gpus = _gpus(ctx)
     if gpus is None:
         return _no_nvml(ctx)
@@ -75,7 +154,11 @@ def check_model(ctx: Context) -> Outcome:
     )
 
 
+@check("gpu.pcie_link", "PCIe link capability", "error", needs=("nvml", "pci"), needs_spec=True)
 def check_pcie_link(ctx: Context) -> Outcome:
+    """Each GPU's maximum negotiated link reaches gpus.pcie gen and width. The current link
+    speed drops at idle (32 -> 2.5 GT/s on RTX PRO 6000): that is not a fault and is only shown
+    as evidence."""
     want = ctx.site.gpus.pcie
     if want is None:
         return skipped("gpus.pcie not set in the spec")
@@ -115,7 +198,10 @@ def check_pcie_link(ctx: Context) -> Outcome:
     return passed(f"every GPU can link at Gen{want.gen} x{want.width}", *evidence)
 
 
+@check("gpu.persistence", "persistence mode", "warning", needs=("nvml",), tags=("host_devices",))
 def check_persistence(ctx: Context) -> Outcome:
+    """Persistence mode keeps the driver initialised between CUDA processes; run
+    nvidia-persistenced on the host."""
     gpus = _gpus(ctx)
     if gpus is None:
         return _no_nvml(ctx)
@@ -133,7 +219,10 @@ def check_persistence(ctx: Context) -> Outcome:
     )
 
 
+@check("gpu.memory_health", "GPU memory health", "error", needs=("nvml",))
 def check_memory_health(ctx: Context) -> Outcome:
+    """No failed row remapping (fail: RMA) and no pending remap or retired page (warn: reset the
+    GPU when idle)."""
     gpus = _gpus(ctx)
     if gpus is None:
         return _no_nvml(ctx)
@@ -171,7 +260,9 @@ def check_memory_health(ctx: Context) -> Outcome:
     return passed("no pending or failed memory remaps")
 
 
+@check("gpu.clocks", "no clock slowdown", "warning", needs=("nvml",))
 def check_clocks(ctx: Context) -> Outcome:
+    """No hardware, thermal or power-brake slowdown is holding clocks back."""
     gpus = _gpus(ctx)
     if gpus is None:
         return _no_nvml(ctx)
