@@ -160,17 +160,105 @@ class MemoryFacts:
 
 
 @dataclass(frozen=True)
+class TreeEntry:
+    """One entry of a staged tree as a walk finds it: symlinks to files followed (a stage copies
+    them as files), our own top-level files and the top-level .cache/.git folders left out."""
+
+    path: str
+    #: Bytes of the regular file it is (or points to); None when it is not one.
+    size: int | None = None
+    #: Why it is not a plain file: "a symlink to a directory", "not a regular file", the
+    #: error of stat(), or "cannot list it: ..." for a folder that could not be read.
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    path: str
+    size: int
+    #: Its chunk hashes in the manifest; recorded with --deep only, for the re-hash to meet.
+    chunks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ManifestFacts:
+    """A ct200-stage manifest as read (the parser already checked it against its own digest)."""
+
+    digest: str
+    algorithm: str
+    chunk_size: int
+    files: tuple[ManifestFile, ...] = ()
+
+
+@dataclass(frozen=True)
+class MarkerFacts:
+    """The marker a finished stage writes into the tree: which manifest, when, from where."""
+
+    manifest_digest: str
+    name: str = ""
+    source: str = ""
+    staged_at: str = ""
+    files: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class RehashedFile:
+    """One file's chunks hashed now (--deep), with its manifest's algorithm and chunk size."""
+
+    path: str
+    chunks: tuple[str, ...] = ()
+    #: Why reading stopped early; the chunks hashed before it are kept.
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class StagedTreeFacts:
+    """What is at a model's staged path, read and not judged (checks/staged.py judges it, for
+    the doctor and `ct200-stage status` alike)."""
+
+    path: str
+    #: Anything at the path (a symlink counts).
+    exists: bool = False
+    is_dir: bool = False
+    #: The partial tree a stage builds beside it (.NAME.ct200-partial) is there.
+    partial: bool = False
+    #: The pid a stage holding the target's lock wrote (-1: not a number); None: nobody holds it.
+    lock_pid: int | None = None
+    #: Why the tree could not be read (listing it, reading its marker or manifest): path: error.
+    error: str | None = None
+    marker: MarkerFacts | None = None
+    #: The marker file is there but is not a marker: why.
+    marker_error: str | None = None
+    #: The manifest the tree carries; None when it has none or it is not valid (manifest_error).
+    manifest: ManifestFacts | None = None
+    manifest_error: str | None = None
+    #: Every entry of the tree; None when it was not walked (no marker: nothing to compare).
+    entries: tuple[TreeEntry, ...] | None = None
+    #: The source's manifest it is compared with, when one was found; its digest or why not.
+    source_manifest: str | None = None
+    source_manifest_digest: str | None = None
+    source_manifest_error: str | None = None
+    #: --deep was asked: re-hash the files when marker and manifests name the same content.
+    deep: bool = False
+    #: The manifest's files present in the tree, re-hashed; None when not re-hashed.
+    rehashed: tuple[RehashedFile, ...] | None = None
+
+
+@dataclass(frozen=True)
 class ModelFacts:
     name: str
     source_exists: bool | None = None
     source_bytes: int | None = None
     staged_exists: bool | None = None
     staged_bytes: int | None = None
-    #: ct200-stage's verdict on the staged tree: staged, missing, partial, unmarked, mismatch,
-    #: unreadable (see ct200_tools/stage/status.py).
+    #: The staged tree as read; None when not probed (or in a snapshot of an older doctor).
+    staged_tree: StagedTreeFacts | None = None
+    #: Snapshots from doctors before staged_tree carry the verdict itself (staged, missing,
+    #: partial, unmarked, mismatch, unreadable) in these four fields; the probe no longer writes
+    #: them, and checks/staged.py judges staged_tree instead whenever it is there.
     stage_state: str | None = None
     stage_detail: str | None = None
-    #: Whether every chunk was re-hashed (--deep) rather than sizes compared.
     deep: bool = False
     stage_pid: int | None = None
 

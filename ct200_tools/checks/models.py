@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ct200_tools.checks.base import Context, Outcome, Remedy, check, failed, passed, skipped
+from ct200_tools.checks.staged import model_verdict
 from ct200_tools.facts import ModelFacts
 from ct200_tools.spec import ModelSpec
 
@@ -42,21 +43,22 @@ def _sort(models: list[ModelSpec], found: dict[str, ModelFacts]) -> _Sorted:
     out = _Sorted()
     for m in models:
         f = found.get(m.name)
-        if f is None or f.stage_state is None or f.stage_state == "unreadable":
+        v = model_verdict(f) if f is not None else None
+        if v is None or v.state == "unreadable":
             out.unknown.append(m.name)
-            if f is not None and f.stage_detail:
-                out.evidence.append(f"{m.name}: unreadable: {f.stage_detail}")
+            if v is not None and v.detail:
+                out.evidence.append(f"{m.name}: unreadable: {v.detail}")
             continue
-        how = "re-hashed" if f.deep else "marker and sizes"
-        out.evidence.append(f"{m.name}: {f.stage_state} ({how}): {f.stage_detail}")
-        if f.stage_state == "staged":
+        how = "re-hashed" if v.deep else "marker and sizes"
+        out.evidence.append(f"{m.name}: {v.state} ({how}): {v.detail}")
+        if v.state == "staged":
             continue
-        if f.stage_state == "partial" and f.stage_pid:
-            out.running.append(f"{m.name} (pid {f.stage_pid})")
-        elif f.source_exists is False:
-            out.bad.append((m, f"{m.name} is {f.stage_state} and its persistent copy is missing"))
+        if v.state == "partial" and v.stage_pid:
+            out.running.append(f"{m.name} (pid {v.stage_pid})")
+        elif f is not None and f.source_exists is False:
+            out.bad.append((m, f"{m.name} is {v.state} and its persistent copy is missing"))
         else:
-            out.bad.append((m, f"{m.name} is {f.stage_state}"))
+            out.bad.append((m, f"{m.name} is {v.state}"))
     return out
 
 

@@ -7,6 +7,8 @@ what a tree cannot hold (char devices, open() errors), override `stat_node` and 
 from __future__ import annotations
 
 import errno
+import fcntl
+import io
 import os
 import stat
 from dataclasses import dataclass, field
@@ -47,6 +49,44 @@ class Reader:
 
     def statvfs(self, p: str) -> os.statvfs_result:
         return os.statvfs(self.path(p))
+
+    def stat(self, p: str) -> os.stat_result:
+        """stat(), following symlinks."""
+        return os.stat(self.path(p))
+
+    def lstat(self, p: str) -> os.stat_result:
+        return os.lstat(self.path(p))
+
+    def is_dir(self, p: str) -> bool:
+        return self.path(p).is_dir()
+
+    def is_file(self, p: str) -> bool:
+        return self.path(p).is_file()
+
+    def open_binary(self, p: str) -> io.FileIO:
+        """Unbuffered, read-only: for reading large files in chunks (readinto a reused buffer)."""
+        return io.FileIO(self.path(p), "r")
+
+    def lock_holder(self, p: str) -> str | None:
+        """The text of lock file p while another process holds an flock on it (a running stage
+        writes its pid there); None when nobody holds it or there is no such file. Finding it
+        free means holding a shared lock for an instant, as ct200-stage's own status did."""
+        try:
+            fd = os.open(self.path(p), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                try:
+                    return os.pread(fd, 32, 0).decode(errors="replace").strip()
+                except OSError:
+                    return ""
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
 
     def stat_node(self, p: str) -> NodeStat | None:
         """lstat a device node; None when absent. Raises OSError for other failures."""
@@ -94,8 +134,3 @@ class Reader:
         except OSError as exc:
             self.note(key, f"cannot read {p}: {exc.strerror or exc}")
             return None
-
-
-def os_error_text(exc: OSError) -> str:
-    name = errno.errorcode.get(exc.errno or 0, "")
-    return f"{name} {exc.strerror}".strip() if exc.strerror else str(exc)

@@ -1,29 +1,63 @@
-"""Each model's persistent copy (size) and staged copy (ct200-stage's verdict on it).
-
-Sizes come from stat alone; the staged verdict compares the marker and manifest and, with
-`--deep`, re-hashes every chunk.
+"""Each model's persistent copy (exists, size) and what is at its staged path, read through the
+Reader and not judged: the marker, the manifest the tree carries, the tree's files and sizes,
+the partial tree and the stage lock beside it, the source's manifest, and with `--deep` the hash
+of every chunk. checks/staged.py turns that into the verdict (staged, missing, partial, ...).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import stat
+import threading
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 
-from ct200_tools.facts import ModelFacts
+from ct200_tools.facts import (
+    ManifestFacts,
+    ManifestFile,
+    MarkerFacts,
+    ModelFacts,
+    RehashedFile,
+    StagedTreeFacts,
+    TreeEntry,
+)
 from ct200_tools.probes.base import Reader
 from ct200_tools.spec import ModelSpec
+from ct200_tools.stage import tree
+from ct200_tools.stage.errors import SourceError
+from ct200_tools.stage.lock import lock_path_for
+from ct200_tools.stage.manifest import (
+    EXCLUDED_TOP_DIRS,
+    OWN_PREFIX,
+    Manifest,
+    default_manifest_path,
+    parse_manifest,
+)
+
+#: Bytes read per call while re-hashing (one buffer per thread), as the staging engine does.
+READ_SIZE = 16 << 20
+#: Consecutive chunks one re-hash task reads through one descriptor.
+RUN_CHUNKS = 16
 
 
 def tree_bytes(r: Reader, p: str) -> int:
+    """Bytes of the regular files under p, symlinks not followed (raises OSError)."""
     total = 0
-    for dirpath, _dirs, files in os.walk(r.path(p)):
-        for name in files:
-            total += os.lstat(os.path.join(dirpath, name)).st_size
+    for name in r.listdir(p):
+        full = f"{p.rstrip('/')}/{name}"
+        st = r.lstat(full)
+        if stat.S_ISDIR(st.st_mode):
+            total += tree_bytes(r, full)
+        elif stat.S_ISREG(st.st_mode):
+            total += st.st_size
     return total
 
 
 def _measure(r: Reader, key: str, p: str) -> tuple[bool | None, int | None]:
     try:
-        if not r.path(p).is_dir():
+        if not r.is_dir(p):
             return False, None
         return True, tree_bytes(r, p)
     except OSError as exc:
@@ -32,30 +66,271 @@ def _measure(r: Reader, key: str, p: str) -> tuple[bool | None, int | None]:
 
 
 def probe_model(r: Reader, m: ModelSpec) -> ModelFacts:
-    # Imported here: the staging engine is only needed when the spec has models.
-    from ct200_tools.stage.manifest import default_manifest_path  # noqa: PLC0415
-    from ct200_tools.stage.status import model_status  # noqa: PLC0415
-
     src_exists, src_bytes = _measure(r, f"models.{m.name}.source", m.source)
     st_exists, st_bytes = _measure(r, f"models.{m.name}.staged", m.staged)
-    manifest = r.path(default_manifest_path(m.name))
-    status = model_status(
-        str(r.path(m.staged)),
-        deep=r.deep,
-        manifest=str(manifest) if manifest.is_file() else None,
+    manifest = default_manifest_path(m.name)
+    staged = probe_staged_tree(
+        r, m.staged, deep=r.deep, source_manifest=manifest if r.is_file(manifest) else None
     )
-    return ModelFacts(
-        m.name,
-        src_exists,
-        src_bytes,
-        st_exists,
-        st_bytes,
-        stage_state=status.state,
-        stage_detail=status.detail,
-        deep=status.deep,
-        stage_pid=status.stage_pid,
-    )
+    return ModelFacts(m.name, src_exists, src_bytes, st_exists, st_bytes, staged_tree=staged)
 
 
 def probe_models(r: Reader, models: tuple[ModelSpec, ...]) -> tuple[ModelFacts, ...]:
     return tuple(probe_model(r, m) for m in models)
+
+
+def probe_staged_tree(
+    r: Reader,
+    path: str,
+    *,
+    deep: bool = False,
+    source_manifest: str | None = None,
+    jobs: int | None = None,
+) -> StagedTreeFacts:
+    """Read what is at `path` (never raises on I/O errors: they become `error` fields).
+
+    What is read depends only on what is there: the tree is walked when it carries a marker,
+    and re-hashed (deep) only when marker, manifest and source manifest name the same content,
+    since otherwise the chunks would be compared with nothing that decides anything."""
+    pid = r.lock_holder(lock_path_for(path))
+    found = StagedTreeFacts(
+        path,
+        lock_pid=None if pid is None else (int(pid) if pid.isdigit() else -1),
+        deep=deep,
+    )
+    try:
+        r.lstat(path)
+    except FileNotFoundError:
+        return replace(found, partial=r.is_dir(tree.partial_path(path)))
+    except OSError as exc:
+        return replace(found, exists=True, error=_why(exc, path))
+    found = replace(found, exists=True, is_dir=r.is_dir(path))
+    if not found.is_dir:
+        return found
+    try:
+        found = _read_tree(r, found, source_manifest)
+    except OSError as exc:
+        return replace(found, error=_why(exc, path))
+    if deep and found.manifest is not None and _same_content(found) and found.entries is not None:
+        present = {e.path: e.size for e in found.entries if e.size is not None}
+        # (sizes as found: a file of another size fails the listing before its chunks matter)
+        found = replace(found, rehashed=_rehash(r, path, found.manifest, present, jobs))
+    return found
+
+
+def _read_tree(r: Reader, found: StagedTreeFacts, source: str | None) -> StagedTreeFacts:
+    path = found.path
+    r.listdir(path)  # an unreadable directory says so before anything inside it
+    text = _read_optional(r, f"{path}/{tree.MARKER_NAME}")
+    if text is None:
+        return found
+    try:
+        found = replace(found, marker=parse_marker(text))
+    except (ValueError, KeyError, TypeError) as exc:
+        return replace(found, marker_error=str(exc))
+    manifest_path = f"{path}/{tree.MANIFEST_NAME}"
+    text = _read_optional(r, manifest_path)
+    if text is not None:
+        try:
+            parsed = parse_manifest(text, manifest_path)
+        except SourceError as exc:
+            return replace(found, manifest_error=exc.message)
+        found = replace(found, manifest=manifest_facts(parsed, chunks=found.deep))
+    found = replace(found, entries=walk_tree(r, path))
+    if source is not None:
+        digest, error = _source_digest(r, source)
+        found = replace(
+            found,
+            source_manifest=source,
+            source_manifest_digest=digest,
+            source_manifest_error=error,
+        )
+    return found
+
+
+def parse_marker(text: str) -> MarkerFacts:
+    """A marker's fields; raises ValueError/KeyError/TypeError when the text is not a marker
+    (as stage/tree.read_marker does, without its open())."""
+    raw = json.loads(text)
+    if not isinstance(raw, dict) or raw.get("kind") != tree.MARKER_KIND:
+        raise ValueError("not a ct200-stage marker")
+    return MarkerFacts(
+        str(raw["manifest_digest"]),
+        str(raw.get("name", "")),
+        str(raw.get("source", "")),
+        str(raw.get("staged_at", "")),
+        int(raw.get("files", 0)),
+        int(raw.get("bytes", 0)),
+    )
+
+
+def manifest_facts(m: Manifest, chunks: bool) -> ManifestFacts:
+    files = tuple(ManifestFile(f.path, f.size, f.chunks if chunks else ()) for f in m.files)
+    return ManifestFacts(m.digest, m.algorithm, m.chunk_size, files)
+
+
+def walk_tree(r: Reader, root: str) -> tuple[TreeEntry, ...]:
+    """Every entry under root as ct200-stage's scan sees one (stage/manifest.scan_tree)."""
+    out: list[TreeEntry] = []
+    todo = [""]
+    while todo:
+        rel_dir = todo.pop()
+        here = f"{root}/{rel_dir}" if rel_dir else root
+        try:
+            names = r.listdir(here)
+        except OSError as exc:
+            out.append(TreeEntry(rel_dir, problem=f"cannot list it: {exc.strerror}"))
+            continue
+        for name in names:
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            entry, descend = _entry(r, rel, f"{root}/{rel}", top=not rel_dir)
+            if descend:
+                todo.append(rel)
+            elif entry is not None:
+                out.append(entry)
+    return tuple(sorted(out, key=lambda e: e.path))
+
+
+def _entry(r: Reader, rel: str, full: str, top: bool) -> tuple[TreeEntry | None, bool]:
+    """The entry for one name, or none (left out), and whether to walk into it."""
+    try:
+        st: os.stat_result | None = r.stat(full)
+    except OSError as exc:
+        st, error = None, exc.strerror or str(exc)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        if top and rel in EXCLUDED_TOP_DIRS:
+            return None, False
+        if stat.S_ISLNK(r.lstat(full).st_mode):
+            return TreeEntry(rel, problem="a symlink to a directory"), False
+        return None, True
+    if top and rel.startswith(OWN_PREFIX):
+        return None, False
+    if st is None:
+        return TreeEntry(rel, problem=error), False
+    if not stat.S_ISREG(st.st_mode):
+        return TreeEntry(rel, problem="not a regular file"), False
+    return TreeEntry(rel, size=st.st_size), False
+
+
+def _source_digest(r: Reader, path: str) -> tuple[str | None, str | None]:
+    """The source manifest's digest, or why it cannot be compared (load_manifest's words)."""
+    try:
+        text = r.read_bytes(path).decode("utf-8")
+    except FileNotFoundError:
+        return None, f"no manifest at {path}"
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, f"cannot read manifest {path}: {exc}"
+    try:
+        return parse_manifest(text, path).digest, None
+    except SourceError as exc:
+        return None, exc.message
+
+
+def _same_content(t: StagedTreeFacts) -> bool:
+    digest = t.manifest.digest if t.manifest else None
+    return (
+        t.marker is not None
+        and t.marker.manifest_digest == digest
+        and t.source_manifest_error is None
+        and t.source_manifest_digest in (None, digest)
+    )
+
+
+@dataclass(frozen=True)
+class _Task:
+    file: int
+    first: int
+    last: int
+
+
+def _rehash(
+    r: Reader,
+    root: str,
+    m: ManifestFacts,
+    present: Mapping[str, int],
+    jobs: int | None,
+) -> tuple[RehashedFile, ...]:
+    """Hash every chunk of the manifest's files present in the tree, in parallel, by runs of
+    consecutive chunks (each a sequential read through one descriptor)."""
+    from ct200_tools.stage.hashing import new_hasher  # noqa: PLC0415
+    from ct200_tools.stage.stager import default_jobs  # noqa: PLC0415
+
+    files = [f for f in m.files if f.path in present]
+    try:
+        new_hasher(m.algorithm)
+    except LookupError as exc:
+        return tuple(RehashedFile(f.path, error=f"cannot re-hash {f.path}: {exc}") for f in files)
+    sizes = [present[f.path] for f in files]
+    tasks = list(_plan(sizes, m.chunk_size))
+    local = threading.local()
+
+    def run(task: _Task) -> tuple[list[str], str | None]:
+        if not hasattr(local, "buf"):
+            local.buf = memoryview(bytearray(min(READ_SIZE, m.chunk_size)))
+        rel = files[task.file].path
+        return _hash_run(r, f"{root}/{rel}", rel, sizes[task.file], task, m, local.buf)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs or default_jobs(), len(tasks) or 1))) as ex:
+        results = list(ex.map(run, tasks))
+    chunks: list[list[str]] = [[] for _ in files]
+    errors: list[str | None] = [None for _ in files]
+    for task, (digests, error) in zip(tasks, results, strict=True):
+        chunks[task.file].extend(digests)
+        errors[task.file] = errors[task.file] or error
+    return tuple(
+        RehashedFile(f.path, tuple(c), e) for f, c, e in zip(files, chunks, errors, strict=True)
+    )
+
+
+def _plan(sizes: list[int], chunk_size: int) -> Iterator[_Task]:
+    for i, size in enumerate(sizes):
+        n = -(-size // chunk_size)
+        for first in range(0, n, RUN_CHUNKS):
+            yield _Task(i, first, min(n, first + RUN_CHUNKS))
+
+
+def _hash_run(
+    r: Reader,
+    full: str,
+    rel: str,
+    size: int,
+    task: _Task,
+    m: ManifestFacts,
+    buf: memoryview,
+) -> tuple[list[str], str | None]:
+    """Digests of chunks task.first..task.last-1 of one file, and why it stopped early if so."""
+    from ct200_tools.stage.hashing import new_hasher  # noqa: PLC0415
+
+    digests: list[str] = []
+    pos = task.first * m.chunk_size
+    try:
+        with r.open_binary(full) as fh:
+            fh.seek(pos)
+            for chunk in range(task.first, task.last):
+                end = min(size, (chunk + 1) * m.chunk_size)
+                hasher = new_hasher(m.algorithm)
+                while pos < end:
+                    n = fh.readinto(buf[: min(len(buf), end - pos)])
+                    if not n:
+                        return digests, (
+                            f"{rel} ended at byte {pos}, before its size {size} "
+                            "(it changed while being read)"
+                        )
+                    hasher.update(buf[:n])
+                    pos += n
+                digests.append(hasher.hexdigest())
+    except OSError as exc:
+        return digests, f"cannot read {rel} at byte {pos}: {exc.strerror or exc}"
+    return digests, None
+
+
+def _read_optional(r: Reader, p: str) -> str | None:
+    """A small file's text, None when absent; other errors raise OSError."""
+    try:
+        return r.read_bytes(p).decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+
+
+def _why(exc: OSError, path: str) -> str:
+    return f"{exc.filename or path}: {exc.strerror or exc}"

@@ -3,14 +3,30 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
+import pkgutil
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from ct200_tools.checks import CHECK_IDS, CHECKS, UnknownCheckError, run_checks, select
+from ct200_tools import checks as checks_pkg
+from ct200_tools.checks import (
+    BY_ID,
+    CHECK_IDS,
+    CHECKS,
+    SelectionError,
+    UnknownCheckError,
+    run_checks,
+    select,
+)
 from ct200_tools.checks.base import Check, Context, Finding, Outcome, run_check
 from ct200_tools.docs import render
-from ct200_tools.facts import Facts, loads
+from ct200_tools.facts import Facts, RemappedRows, StagedTreeFacts, loads
 from ct200_tools.report import Exit, exit_code
 from ct200_tools.spec import SiteSpec, load_spec
 from tests.fixtures import derive_ct200
@@ -152,13 +168,35 @@ def test_models_staged_after_reboot_names_the_restage(ct200: SiteSpec) -> None:
 def test_models_staging_in_progress_warns_and_lost_source_says_so(ct200: SiteSpec) -> None:
     f = facts("ct200-ct-incident")
     assert f.models is not None
-    running = tuple(dataclasses.replace(m, stage_state="partial", stage_pid=4242) for m in f.models)
+    running = tuple(
+        dataclasses.replace(
+            m, staged_tree=StagedTreeFacts(m.staged_tree.path, partial=True, lock_pid=4242)
+        )
+        for m in f.models
+        if m.staged_tree is not None
+    )
     got = by_id(run_checks(dataclasses.replace(f, models=running), ct200))["models.staged"]
     assert got.status == "warn" and "pid 4242" in got.summary
     lost = tuple(dataclasses.replace(m, source_exists=False) for m in f.models)
     got = by_id(run_checks(dataclasses.replace(f, models=lost), ct200))["models.staged"]
     assert got.status == "fail" and "persistent copy is missing" in got.summary
     assert got.remediation is not None and "restore the persistent copy" in got.remediation.action
+
+
+def test_models_in_a_snapshot_of_an_older_doctor_are_judged_as_recorded(ct200: SiteSpec) -> None:
+    """Snapshots taken before the probe read raw staged trees carry ct200-stage's verdict in
+    stage_state/stage_pid: they load with the same schema_version and are judged as recorded."""
+    f = facts("ct200-ct-incident")
+    assert f.models is not None
+    old = tuple(
+        dataclasses.replace(m, staged_tree=None, stage_state="partial", stage_pid=4242)
+        for m in f.models
+    )
+    got = by_id(run_checks(dataclasses.replace(f, models=old), ct200))["models.staged"]
+    assert got.status == "warn" and "pid 4242" in got.summary
+    gone = tuple(dataclasses.replace(m, staged_tree=None) for m in f.models)
+    got = by_id(run_checks(dataclasses.replace(f, models=gone), ct200))["models.staged"]
+    assert got.status == "skip" and "cannot tell whether" in got.summary
 
 
 def test_kimi_staging_needs_room(ct200: SiteSpec) -> None:
@@ -256,12 +294,290 @@ def test_select_by_prefix_and_unknown() -> None:
         select(["nope"])
 
 
+def test_selecting_nothing_is_an_error() -> None:
+    with pytest.raises(SelectionError, match="--only gpu --skip gpu selects no check"):
+        select(["gpu"], ["gpu"])
+    with pytest.raises(SelectionError):
+        select(skip=["driver", "dev", "gpu", "topo", "tune", "host", "mem", "models"])
+
+
+def test_nothing_judged_is_not_clean() -> None:
+    skip = Finding("t.a", "t", "skip", "error", "cannot read it")
+    ok = Finding("t.b", "t", "pass", "error", "fine")
+    assert exit_code([skip]) == Exit.FAILURES
+    assert exit_code([]) == Exit.FAILURES
+    assert exit_code([skip, ok]) == Exit.OK
+    blocked = dataclasses.replace(skip, caused_by="t.c")
+    assert exit_code([blocked, ok]) == Exit.FAILURES
+
+
 def test_ids_unique_well_formed_and_documented() -> None:
+    """The registry's rules (as ansible-lint's for its rules): id format, unique ids, a doc for
+    each, the exact count, each check in the module named by its id prefix, none left out."""
     assert len(set(CHECK_IDS)) == len(CHECK_IDS)
     docs = (ROOT / "docs" / "checks.md").read_text()
     for c in CHECKS:
         assert c.id.count(".") == 1 and c.id == c.id.lower(), c.id
+        assert re.fullmatch(r"[a-z]+\.[a-z][a-z0-9_]*", c.id), c.id
         assert c.doc, c.id
+        assert c.title and c.severity in ("error", "warning"), c.id
         assert f"`{c.id}`" in docs, f"docs/checks.md lacks {c.id}: run make docs"
+        prefix = c.id.split(".")[0]
+        assert c.module == f"ct200_tools.checks.{prefix}", (c.id, c.module)
+        assert c.needs and set(c.needs) <= FACT_SECTIONS, (c.id, c.needs)
     assert len(CHECKS) == 22  # a new check needs its doc entry and this count bumped
     assert docs == render(), "docs/checks.md is stale: run make docs"
+    units = {
+        obj.id
+        for module in pkgutil.iter_modules(checks_pkg.__path__)
+        for obj in vars(importlib.import_module(f"ct200_tools.checks.{module.name}")).values()
+        if isinstance(obj, Check)
+    }
+    assert units == set(CHECK_IDS), "a check unit is defined but not in the registry"
+
+
+# =============================================================================================
+# Pass and fail examples beside every check (ansible-lint style): recorded or derived facts,
+# each with the smallest edit that makes the point. test_every_check_has_examples keeps the
+# table complete; each example also proves the check reads only the facts it declares.
+# =============================================================================================
+FACT_SECTIONS = {"kernel", "devices", "pci", "nvml", "cuda", "memory", "models"}
+
+
+@dataclass(frozen=True)
+class Example:
+    facts: str
+    spec: str | None
+    status: str
+    edit: Callable[[Facts], Facts] = lambda f: f
+    spec_edit: Callable[[SiteSpec], SiteSpec] = lambda s: s
+
+
+def _gpu0(**changes: Any) -> Callable[[Facts], Facts]:
+    def edit(f: Facts) -> Facts:
+        assert f.nvml is not None
+        gpus = (dataclasses.replace(f.nvml.gpus[0], **changes), *f.nvml.gpus[1:])
+        return dataclasses.replace(f, nvml=dataclasses.replace(f.nvml, gpus=gpus))
+
+    return edit
+
+
+def _nvml(**changes: Any) -> Callable[[Facts], Facts]:
+    def edit(f: Facts) -> Facts:
+        assert f.nvml is not None
+        return dataclasses.replace(f, nvml=dataclasses.replace(f.nvml, **changes))
+
+    return edit
+
+
+def _memory(**changes: Any) -> Callable[[Facts], Facts]:
+    def edit(f: Facts) -> Facts:
+        assert f.memory is not None
+        return dataclasses.replace(f, memory=dataclasses.replace(f.memory, **changes))
+
+    return edit
+
+
+def _no_uvm_node(f: Facts) -> Facts:
+    assert f.devices is not None
+    nodes = tuple(
+        dataclasses.replace(n, exists=False, is_char=False, major=None, minor=None)
+        if n.path == "/dev/nvidia-uvm"
+        else n
+        for n in f.devices.nodes
+    )
+    return dataclasses.replace(f, devices=dataclasses.replace(f.devices, nodes=nodes))
+
+
+def _gpu0_numa(node: int) -> Callable[[Facts], Facts]:
+    def edit(f: Facts) -> Facts:
+        assert f.pci is not None
+        return dataclasses.replace(
+            f, pci=(dataclasses.replace(f.pci[0], numa_node=node), *f.pci[1:])
+        )
+
+    return edit
+
+
+def _mrrs_all(size: int) -> Callable[[Facts], Facts]:
+    def edit(f: Facts) -> Facts:
+        assert f.pci is not None
+        return dataclasses.replace(
+            f, pci=tuple(dataclasses.replace(p, max_read_request=size) for p in f.pci)
+        )
+
+    return edit
+
+
+def _kimi(spec: SiteSpec) -> SiteSpec:
+    return with_servers(spec, {"kimi-tp8"})
+
+
+EXAMPLES: dict[str, tuple[Example, ...]] = {
+    "driver.module": (
+        Example("h200-healthy", None, "pass"),
+        Example("nodriver-vm", None, "fail"),
+    ),
+    "driver.nvml": (
+        Example("h200-healthy", None, "pass"),
+        Example("nodriver-vm", None, "fail"),
+    ),
+    "driver.versions": (
+        Example("h200-healthy", None, "pass"),
+        Example("h200-healthy", None, "fail", _nvml(driver_version="575.51.03")),
+    ),
+    "dev.nodes": (
+        Example("h200-healthy", "h200", "pass"),
+        Example("h200-healthy", "h200", "fail", _no_uvm_node),
+    ),
+    "dev.majors": (
+        Example("h200-healthy", "h200", "pass"),
+        Example("h200-uvm-stale", "h200", "fail"),
+        Example("h200x2-uvm-stale", "h200x2", "fail"),
+    ),
+    "dev.open": (
+        Example("h200-healthy", "h200", "pass"),
+        Example("h200-uvm-denied", "h200", "fail"),
+        Example("ct200-ct-incident", "ct200", "fail"),
+    ),
+    "gpu.cuda_init": (
+        Example("h200-healthy", "h200", "pass"),
+        Example("h200x2-healthy", "h200x2", "pass"),
+        Example("h200-uvm-denied", "h200", "fail"),
+        Example("h200-uvm-stale", "h200", "fail"),
+        Example("nodriver-vm", None, "fail"),
+    ),
+    "gpu.count": (
+        Example("h200-healthy", "h200", "pass"),
+        Example("h200-healthy", "ct200", "fail"),
+    ),
+    "gpu.model": (
+        Example("h200-healthy", "h200", "pass"),
+        Example("h200-healthy", "ct200", "fail"),
+    ),
+    "gpu.pcie_link": (
+        Example("ct200-ct-healthy", "ct200", "pass"),
+        Example("ct200-ct-healthy", "ct200", "fail", _gpu0(link_gen_max=4)),
+    ),
+    "gpu.persistence": (
+        Example("h200-healthy", None, "pass"),
+        Example("h200-healthy", None, "warn", _gpu0(persistence_mode=False)),
+    ),
+    "gpu.memory_health": (
+        Example("h200-healthy", None, "pass"),
+        Example("h200-healthy", None, "fail", _gpu0(remapped_rows=RemappedRows(0, 3, False, True))),
+        Example("h200-healthy", None, "warn", _gpu0(retired_pages_pending=True)),
+    ),
+    "gpu.clocks": (
+        Example("h200-healthy", None, "pass"),
+        Example("h200-healthy", None, "warn", _gpu0(clocks_event_reasons=0x40)),
+    ),
+    "topo.numa_layout": (
+        Example("ct200-ct-healthy", "ct200", "pass"),
+        Example("ct200-ct-healthy", "ct200", "warn", _gpu0_numa(1)),
+    ),
+    "topo.tp_numa": (
+        Example("ct200-ct-healthy", "ct200", "pass"),
+        Example("ct200-ct-healthy", "ct200", "warn", spec_edit=_kimi),
+    ),
+    "topo.p2p": (
+        Example("ct200-ct-healthy", "ct200", "pass"),
+        Example("h200x2-healthy", "h200x2", "pass"),
+        Example("ct200-ct-healthy", "ct200", "warn", spec_edit=_kimi),
+    ),
+    "tune.numa_balancing": (
+        Example("ct200-ct-healthy", "ct200", "pass"),
+        Example("ct200-host-drift", "ct200", "fail"),
+    ),
+    "tune.pcie_mrrs": (
+        Example("ct200-host-drift", "ct200", "pass", _mrrs_all(4096)),
+        Example("ct200-host-drift", "ct200", "fail"),
+    ),
+    "host.iommu": (
+        Example("h200-healthy", None, "pass"),
+        Example("ct200-host-drift", "ct200", "warn"),
+    ),
+    "mem.shm": (
+        Example("ct200-ct-healthy", "ct200", "pass"),
+        Example("ct200-ct-healthy", "ct200", "fail", _memory(shm_size=64 * 2**30)),
+        Example("ct200-ct-healthy", "ct200", "fail", _memory(shm_fstype="ext4")),
+    ),
+    "models.staged": (
+        Example("ct200-ct-healthy", "ct200", "pass"),
+        Example("ct200-ct-incident", "ct200", "fail"),
+    ),
+    "mem.headroom": (
+        Example("ct200-ct-healthy", "ct200", "pass"),
+        Example(
+            "ct200-ct-healthy", "ct200", "fail", _memory(memory_max=400 * 2**30), spec_edit=_kimi
+        ),
+    ),
+}
+SPECS = {
+    "ct200": ROOT / "inventory" / "ct200",
+    "h200": ROOT / "benchmarks" / "doctor" / "h200-site.yml",
+    "h200x2": ROOT / "benchmarks" / "doctor" / "h200x2-site.yml",
+}
+
+
+@functools.cache
+def spec_named(name: str) -> SiteSpec:
+    return load_spec(SPECS[name])
+
+
+def example_context(ex: Example) -> Context:
+    spec = ex.spec_edit(spec_named(ex.spec)) if ex.spec else None
+    return Context(ex.edit(facts(ex.facts)), spec)
+
+
+def only_sections(f: Facts, keep: Iterable[str]) -> Facts:
+    """The facts with every section the check does not declare taken away."""
+    return dataclasses.replace(f, **dict.fromkeys(FACT_SECTIONS - set(keep)))
+
+
+def test_every_check_has_pass_and_fail_examples() -> None:
+    assert set(EXAMPLES) == set(CHECK_IDS)
+    for cid, examples in EXAMPLES.items():
+        statuses = {ex.status for ex in examples}
+        assert "pass" in statuses, cid
+        assert statuses & {"fail", "warn"}, cid
+
+
+@pytest.mark.parametrize(
+    ("cid", "ex"),
+    [(cid, ex) for cid, examples in EXAMPLES.items() for ex in examples],
+    ids=[f"{cid}-{ex.status}-{ex.facts}" for cid, examples in EXAMPLES.items() for ex in examples],
+)
+def test_check_example(cid: str, ex: Example) -> None:
+    c = BY_ID[cid]
+    ctx = example_context(ex)
+    got = run_check(c, ctx)
+    assert got.status == ex.status, got
+    assert (got.id, got.title, got.severity) == (c.id, c.title, c.severity)
+    if got.status != "pass":
+        assert got.remediation is not None, got
+        assert got.remediation.tag is None or got.remediation.tag in c.tags, got.remediation
+    # `needs` is the truth: without the other sections the verdict is the same.
+    alone = run_check(c, Context(only_sections(ctx.facts, c.needs), ctx.spec))
+    assert alone == got
+
+
+def test_needs_hold_on_every_fixture() -> None:
+    """Every check on every recorded or derived fixture, with and without the facts it does
+    not declare: the same finding; and every caused_by names a registered check."""
+    runs = [
+        (name, s)
+        for name in ("h200-healthy", "h200-uvm-denied", "h200-uvm-stale")
+        for s in ("h200",)
+    ]
+    runs += [(f"h200x2-{k}", "h200x2") for k in ("healthy", "uvm-denied", "uvm-stale")]
+    runs += [(f"ct200-{k}", "ct200") for k in ("ct-healthy", "ct-incident", "host-drift")]
+    runs += [("nodriver-vm", None), ("nodriver-vm", "ct200")]
+    for name, spec in runs:
+        ctx = Context(facts(name), spec_named(spec) if spec else None)
+        for c in CHECKS:
+            got = run_check(c, ctx)
+            assert got.status != "error", (name, got)
+            assert got.caused_by is None or got.caused_by in BY_ID, got
+            alone = run_check(c, Context(only_sections(ctx.facts, c.needs), ctx.spec))
+            assert alone == got, (name, c.id)

@@ -1,0 +1,186 @@
+"""The verdict on one staged tree, from what probes/models.py read: the one judgement behind the
+doctor's models.staged and `ct200-stage status`, so the two can never disagree.
+
+States:
+
+- staged:     marker present, matches the tree's manifest (and the source's, if one was found),
+              every file there with its size (and, with --deep, every chunk re-hashed and matching);
+- missing:    nothing at the path and no stage under way;
+- partial:    no staged tree, but a partial one beside it (a stage is running or was interrupted);
+- unmarked:   something is at the path but it has no marker: never staged by us, or not finished;
+- mismatch:   a marker is there but the tree, its manifest or the source's manifest disagree;
+- unreadable: the path or its files cannot be read (permissions, I/O errors).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+from typing import Literal, cast, get_args
+
+from ct200_tools.facts import ManifestFacts, ModelFacts, RehashedFile, StagedTreeFacts
+from ct200_tools.stage.errors import SourceError
+from ct200_tools.stage.manifest import FileEntry, Manifest, SourceFile, compare_to_source
+
+StageState = Literal["staged", "missing", "partial", "unmarked", "mismatch", "unreadable"]
+#: A verdict lists at most this many differences (and says how many more there are).
+MAX_ERRORS = 20
+
+
+@dataclass(frozen=True)
+class StageVerdict:
+    path: str
+    state: StageState
+    detail: str
+    files_expected: int = 0
+    bytes_expected: int = 0
+    bytes_actual: int = 0
+    #: The digest the marker names (what was staged); None without a readable marker.
+    manifest_digest: str | None = None
+    #: The digest it was compared against (the source's manifest), when one was found.
+    expected_digest: str | None = None
+    deep: bool = False
+    staged_at: str = ""
+    source: str = ""
+    #: The pid of a stage running on this target now, if any.
+    stage_pid: int | None = None
+    errors: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "staged"
+
+    def to_dict(self) -> dict[str, object]:
+        out = dict(self.__dict__)
+        out["errors"] = list(self.errors)
+        return out
+
+
+def stage_verdict(t: StagedTreeFacts) -> StageVerdict:
+    """Judge one staged tree; the order of the questions is the order of the states above."""
+    pid = t.lock_pid
+    running = f" (a stage is running now: pid {pid})" if pid else ""
+    found = StageVerdict(t.path, "missing", f"nothing staged at {t.path}{running}", stage_pid=pid)
+    if not t.exists:
+        if not t.partial:
+            return found
+        then = "wait for it" if pid else "run the stage again: it resumes"
+        return replace(
+            found, state="partial", detail=f"only a partial copy exists{running}; {then}"
+        )
+    if t.error is not None:
+        return replace(found, state="unreadable", detail=t.error)
+    if not t.is_dir:
+        return replace(found, state="unmarked", detail=f"{t.path} is not a directory")
+    if t.marker_error is not None:
+        return replace(found, state="mismatch", detail=f"its marker is damaged: {t.marker_error}")
+    if t.marker is None:
+        why = f"no .ct200-staged marker: not staged by ct200-stage, or not finished{running}"
+        return replace(found, state="unmarked", detail=why)
+    digest = t.marker.manifest_digest
+    found = replace(
+        found,
+        state="mismatch",
+        manifest_digest=digest,
+        staged_at=t.marker.staged_at,
+        source=t.marker.source,
+        deep=t.deep,
+    )
+    m = t.manifest
+    if t.manifest_error is not None:
+        return replace(found, detail=t.manifest_error)
+    if m is None or m.digest != digest:
+        why = "its manifest is missing" if m is None else "marker and manifest disagree"
+        return replace(found, detail=why)
+    return _against_manifest(t, m, found)
+
+
+def _against_manifest(t: StagedTreeFacts, m: ManifestFacts, found: StageVerdict) -> StageVerdict:
+    entries = t.entries or ()
+    sizes = {e.path: e.size for e in entries if e.size is not None}
+    found = replace(
+        found,
+        files_expected=len(m.files),
+        bytes_expected=sum(f.size for f in m.files),
+        bytes_actual=sum(sizes.get(f.path, 0) for f in m.files),
+    )
+    if t.source_manifest is not None:
+        if t.source_manifest_error is not None:
+            why = f"cannot compare with the source's manifest: {t.source_manifest_error}"
+            return replace(found, state="unreadable", detail=why)
+        expected = t.source_manifest_digest
+        found = replace(found, expected_digest=expected)
+        if expected != m.digest:
+            why = (
+                f"staged content {m.digest} is not the source's {expected}: restage it (--replace)"
+            )
+            return replace(found, detail=why)
+    differences = listing_differences(t.path, m, t)
+    if differences:
+        head = f"{t.path} does not match its manifest (files or sizes differ)"
+        return _with_errors(found, "mismatch", head, differences)
+    if t.rehashed is not None:
+        rehashed = t.rehashed
+        unread = [f.error for f in rehashed if f.error]
+        if unread:
+            return _with_errors(found, "unreadable", unread[0], tuple(unread[1:]))
+        bad = chunk_differences(m, rehashed)
+        if bad:
+            head = f"{t.path}: {len(bad)} chunk(s) do not match the manifest"
+            return _with_errors(found, "mismatch", head, bad)
+    how = "every chunk re-hashed" if t.rehashed is not None else "marker, manifest and sizes match"
+    detail = f"staged {found.staged_at} from {found.source}; {how}"
+    return replace(found, state="staged", detail=detail)
+
+
+def listing_differences(root: str, m: ManifestFacts, t: StagedTreeFacts) -> tuple[str, ...]:
+    """Entries that are not plain files, else the files and sizes that differ from the
+    manifest, in ct200-stage's words (stage/manifest.compare_to_source)."""
+    entries = t.entries or ()
+    problems = tuple(f"{e.path}: {e.problem}" for e in entries if e.problem)
+    if problems:
+        return problems
+    manifest = Manifest(
+        "", m.algorithm, m.chunk_size, tuple(FileEntry(f.path, f.size, f.chunks) for f in m.files)
+    )
+    files = [SourceFile(e.path, e.size, 0) for e in entries if e.size is not None]
+    try:
+        compare_to_source(manifest, files, root)
+    except SourceError as exc:
+        return exc.details
+    return ()
+
+
+def chunk_differences(m: ManifestFacts, rehashed: tuple[RehashedFile, ...]) -> tuple[str, ...]:
+    """Every chunk whose hash now is not the manifest's, named by file and byte range."""
+    now = {f.path: f.chunks for f in rehashed}
+    out = []
+    for f in m.files:
+        pairs = itertools.zip_longest(f.chunks, now.get(f.path, ()))
+        for chunk, (want, got) in enumerate(pairs):
+            if want != got:
+                lo = chunk * m.chunk_size
+                hi = min(f.size, lo + m.chunk_size)
+                out.append(f"{f.path}: bytes {lo}-{hi} (chunk {chunk}) do not match the manifest")
+    return tuple(out)
+
+
+def _with_errors(
+    found: StageVerdict, state: StageState, head: str, details: tuple[str, ...]
+) -> StageVerdict:
+    errors = (head, *details)
+    if len(errors) > MAX_ERRORS:
+        errors = (*errors[:MAX_ERRORS], f"... and {len(errors) - MAX_ERRORS} more")
+    return replace(found, state=state, detail=head, errors=errors)
+
+
+def model_verdict(f: ModelFacts) -> StageVerdict | None:
+    """The verdict on a model's staged copy: judged from staged_tree, or, in a snapshot of an
+    older doctor, as it recorded it; None when nothing was read."""
+    if f.staged_tree is not None:
+        return stage_verdict(f.staged_tree)
+    if f.stage_state is None:
+        return None
+    known = f.stage_state in get_args(StageState)
+    state = cast(StageState, f.stage_state if known else "unreadable")
+    return StageVerdict("", state, f.stage_detail or "", deep=f.deep, stage_pid=f.stage_pid)
