@@ -9,7 +9,6 @@ check fails, it skips naming that check (`caused_by`). A check that raises is a 
 
 from __future__ import annotations
 
-import inspect
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -143,7 +142,7 @@ def check(
     """Make the decorated function a check unit; its docstring is the check's doc."""
 
     def unit(fn: CheckFn) -> Check:
-        doc = " ".join(inspect.cleandoc(fn.__doc__ or "").split())
+        doc = " ".join((fn.__doc__ or "").split())
         if not doc:
             raise TypeError(f"check {id}: {fn.__name__} needs a docstring (it is the check's doc)")
         return Check(id, title, severity, fn, doc, needs, needs_spec, tags)

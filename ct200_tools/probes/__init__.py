@@ -16,16 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from ct200_tools import __version__
-from ct200_tools.facts import CudaFacts, Facts, ProbeRun
+from ct200_tools.facts import CudaFacts, Facts, ModelFacts, ProbeRun
 from ct200_tools.probes.base import Reader
 from ct200_tools.probes.cuda import CudaChild
 from ct200_tools.probes.devices import probe_devices
 from ct200_tools.probes.kernel import probe_kernel
 from ct200_tools.probes.memory import probe_memory
-from ct200_tools.probes.models import probe_models
 from ct200_tools.probes.nvml import probe_nvml
 from ct200_tools.probes.pci import probe_pci
-from ct200_tools.spec import SiteSpec
+from ct200_tools.spec import ModelSpec, SiteSpec
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -45,9 +44,16 @@ PROBES: tuple[Probe, ...] = (
     Probe("pci", lambda r, s: probe_pci(r)),
     Probe("nvml", lambda r, s: probe_nvml(r)),
     Probe("memory", lambda r, s: probe_memory(r)),
-    Probe("models", lambda r, s: probe_models(r, s.models) if s else ()),
+    Probe("models", lambda r, s: _probe_models(r, s.models) if s else ()),
 )
 PROBE_NAMES = ("cuda", *(p.name for p in PROBES))
+
+
+def _probe_models(r: Reader, models: tuple[ModelSpec, ...]) -> tuple[ModelFacts, ...]:
+    # Imported here: the staging modules it reads with are needed only when the spec has models.
+    from ct200_tools.probes.models import probe_models  # noqa: PLC0415
+
+    return probe_models(r, models)
 
 
 class _Runner(threading.Thread):
