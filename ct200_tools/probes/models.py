@@ -95,7 +95,7 @@ def probe_staged_tree(
     pid = r.lock_holder(lock_path_for(path))
     found = StagedTreeFacts(
         path,
-        lock_pid=None if pid is None else (int(pid) if pid.isdigit() else -1),
+        lock_pid=None if pid is None else (int(pid) if pid.isascii() and pid.isdigit() else -1),
         deep=deep,
     )
     try:
@@ -126,8 +126,8 @@ def _read_tree(r: Reader, found: StagedTreeFacts, source: str | None) -> StagedT
         return found
     try:
         found = replace(found, marker=parse_marker(text))
-    except (ValueError, KeyError, TypeError) as exc:
-        return replace(found, marker_error=str(exc))
+    except DAMAGED as exc:
+        return replace(found, marker_error=str(exc) or type(exc).__name__)
     manifest_path = f"{path}/{tree.MANIFEST_NAME}"
     text = _read_optional(r, manifest_path)
     if text is not None:
@@ -135,6 +135,9 @@ def _read_tree(r: Reader, found: StagedTreeFacts, source: str | None) -> StagedT
             parsed = parse_manifest(text, manifest_path)
         except SourceError as exc:
             return replace(found, manifest_error=exc.message)
+        except DAMAGED as exc:  # what parse_manifest does not catch itself (e.g. Infinity)
+            why = f"manifest {manifest_path} is not valid: {exc or type(exc).__name__}"
+            return replace(found, manifest_error=why)
         found = replace(found, manifest=manifest_facts(parsed, chunks=found.deep))
     found = replace(found, entries=walk_tree(r, path))
     if source is not None:
@@ -148,9 +151,14 @@ def _read_tree(r: Reader, found: StagedTreeFacts, source: str | None) -> StagedT
     return found
 
 
+#: What parsing a damaged marker or manifest raises: JSON that is not one (ValueError,
+#: KeyError, TypeError), a number like Infinity (OverflowError), nesting too deep to parse.
+DAMAGED = (ValueError, KeyError, TypeError, ArithmeticError, RecursionError)
+
+
 def parse_marker(text: str) -> MarkerFacts:
-    """A marker's fields; raises ValueError/KeyError/TypeError when the text is not a marker
-    (as stage/tree.read_marker does, without its open())."""
+    """A marker's fields (as stage/tree.read_marker reads them, without its open()); raises
+    one of DAMAGED when the text is not a marker."""
     raw = json.loads(text)
     if not isinstance(raw, dict) or raw.get("kind") != tree.MARKER_KIND:
         raise ValueError("not a ct200-stage marker")

@@ -391,3 +391,40 @@ def test_stage_verdict_is_total(tree: StagedTreeFacts) -> None:
     assert v.state in ("staged", "missing", "partial", "unmarked", "mismatch", "unreadable")
     assert isinstance(v.detail, str) and v.path == tree.path
     assert len(v.errors) <= MAX_ERRORS + 1
+
+
+MARKER = '{"kind": "ct200-stage-marker", "manifest_digest": "sha256:x"'
+
+
+@pytest.mark.parametrize(
+    ("marker", "manifest", "detail"),
+    [
+        ("", None, "its marker is damaged: Expecting value: line 1 column 1 (char 0)"),
+        ("[]", None, "its marker is damaged: not a ct200-stage marker"),
+        ('{"kind": "ct200-stage-marker"}', None, "its marker is damaged: 'manifest_digest'"),
+        (MARKER + ', "files": Infinity}', None, "its marker is damaged: "),
+        ("[" * 100_000, None, "its marker is damaged: "),
+        (MARKER + "}", '{"kind": "nope"}', "is not valid: not a ct200-stage manifest"),
+        (
+            MARKER + "}",
+            '{"kind": "ct200-stage-manifest", "schema_version": 1, "files": [],'
+            ' "hash": {"algorithm": "blake2b-128", "chunk_size": Infinity}}',
+            "is not valid: ",
+        ),
+    ],
+)
+def test_a_damaged_marker_or_manifest_is_a_mismatch(
+    rooted: tuple[Path, ModelSpec], marker: str, manifest: str | None, detail: str
+) -> None:
+    """Whatever is in the tree's own files, the probe records it and the verdict names it;
+    neither raises (ct200-stage status and the doctor would exit 3)."""
+    root, spec = rooted
+    staged = root / "dev" / "shm" / "models" / "tiny"
+    (staged / ".ct200-staged").write_text(marker)
+    if manifest is not None:
+        (staged / ".ct200-manifest.json").write_text(manifest)
+    t = probe_model(Reader(root=root, deep=True), spec).staged_tree
+    assert t is not None
+    v = stage_verdict(t)
+    assert v.state == "mismatch"
+    assert detail in v.detail
