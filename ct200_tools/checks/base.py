@@ -63,7 +63,8 @@ class Outcome:
     remedy: Remedy | None = None
     #: A failed check may downgrade itself to a warning (e.g. "probably fine at idle").
     warn_only: bool = False
-    #: The id of the check whose failure keeps this one from judging (for a skip).
+    #: The id of the check whose failure this outcome comes from: for a skip, the check that
+    #: keeps this one from judging; for a failure, its root cause.
     caused_by: str | None = None
 
 
@@ -71,8 +72,14 @@ def passed(summary: str, *evidence: str) -> Outcome:
     return Outcome(True, summary, tuple(evidence))
 
 
-def failed(summary: str, remedy: Remedy | None, *evidence: str, warn_only: bool = False) -> Outcome:
-    return Outcome(False, summary, tuple(evidence), remedy, warn_only)
+def failed(
+    summary: str,
+    remedy: Remedy | None,
+    *evidence: str,
+    warn_only: bool = False,
+    caused_by: str | None = None,
+) -> Outcome:
+    return Outcome(False, summary, tuple(evidence), remedy, warn_only, caused_by)
 
 
 def skipped(summary: str, *evidence: str, caused_by: str | None = None) -> Outcome:
