@@ -26,6 +26,8 @@ from ct200_tools.spec.schema import ROOT, validate
 MAX_BYTES: Final = 256 << 10
 #: The most YAML nodes a spec may have with every alias expanded (the example has about 250).
 MAX_NODES: Final = 50_000
+#: How many MAX_BYTES chunks of an unrelated group_vars file are scanned for ct200_site (64 MiB).
+SCAN_CHUNKS: Final = 256
 #: The environment variable both CLIs read when --spec is not given.
 SPEC_ENV: Final = "CT200_SPEC"
 
@@ -200,10 +202,10 @@ def parse_yaml(text: str, source: str) -> object:
         if expanded_nodes(root, MAX_NODES) is None:
             fail(
                 source,
-                f"YAML aliases expand to more than {MAX_NODES} nodes, or an alias contains "
-                "itself (an alias bomb?)",
-                "write the spec without nested aliases; share server settings with one level "
-                "of merge keys (<<: *defaults)",
+                f"has more than {MAX_NODES} YAML values once aliases are expanded, or an alias "
+                "that contains itself (an alias bomb, or not a site spec)",
+                "a site spec has a few hundred values: check the file, and share server "
+                "settings with one level of merge keys (<<: *defaults), not nested aliases",
             )
         return loader.construct_document(root)
     except yaml.MarkedYAMLError as exc:
@@ -277,6 +279,8 @@ def from_inventory(directory: Path) -> tuple[object, str]:
     for file in sorted(group_vars.rglob("*")):
         if file.suffix not in (".yml", ".yaml") or not file.is_file():
             continue
+        if file.stat().st_size > MAX_BYTES and not mentions(file, SPEC_KEY):
+            continue  # other large group_vars (a CA bundle, say) are none of ours
         text = read_text(file)
         # Parse only candidates: other group_vars may hold tags (!vault) that safe_load refuses.
         doc = parse_yaml(text, str(file)) if SPEC_KEY in text else None
@@ -291,6 +295,24 @@ def from_inventory(directory: Path) -> tuple[object, str]:
             "Ansible would override one with another by group precedence",
         )
     return found[0][1], str(found[0][0])
+
+
+def mentions(file: Path, word: str) -> bool:
+    """Whether the file holds `word`, read a chunk at a time; a file too large even to scan
+    counts as holding it, so that reading it is refused with its name."""
+    needle, tail = word.encode(), b""
+    try:
+        with file.open("rb") as fh:
+            for _ in range(SCAN_CHUNKS):
+                chunk = fh.read(MAX_BYTES)
+                if not chunk:
+                    return False
+                if needle in tail + chunk:
+                    return True
+                tail = chunk[-len(needle) :]
+    except OSError:
+        return True  # read_text says what is wrong
+    return True
 
 
 def templated(value: object, path: str, seen: set[int]) -> list[SpecIssue]:
@@ -322,6 +344,8 @@ def load_spec(path: str | os.PathLike[str]) -> SiteSpec:
     SpecError for unreadable, oversized or non-UTF-8 files, YAML errors (with line and column),
     alias bombs, Jinja in values, and everything validate() finds.
     """
+    if not str(path).strip():  # Path("") is the current directory
+        fail("", "the spec path is empty", "give the path of a site YAML file or inventory")
     target = Path(path)
     data, source = from_inventory(target) if target.is_dir() else from_file(target)
     jinja = templated(data, "", set())

@@ -293,12 +293,23 @@ def subsection(
     return section(parent.issues, value, parent.where(key), examples, required)
 
 
-def entries(parent: Section, key: str) -> list[object]:
-    """The list at `key`; null means empty, as YAML writes a list whose entries were removed."""
+def entries(parent: Section, key: str, most: int) -> list[object]:
+    """The list at `key`; null means empty, as YAML writes a list whose entries were removed.
+
+    More than `most` entries is an error, and none is read: rules between entries compare
+    pairs, and a site has far fewer, so the bound keeps validation within a second.
+    """
     value = parent.data.get(key)
     if value is None:
         return []
     if not isinstance(value, list):
         parent.bad(key, value, "a list")
+        return []
+    if len(value) > most:
+        parent.issues.error(
+            parent.where(key),
+            f"has {len(value)} entries, more than the {most} a site spec may list",
+            f"list at most {most}: a site's {key} are far fewer (is this the right file?)",
+        )
         return []
     return value

@@ -34,7 +34,7 @@ from ct200_tools.spec.read import (
     subsection,
     within,
 )
-from ct200_tools.spec.servers import Draft, check_servers, read_server
+from ct200_tools.spec.servers import MAX_GPUS, Draft, check_servers, read_server
 
 PASSTHROUGH: Final[dict[str, Passthrough]] = {"devn": "devn", "raw-lxc": "raw-lxc"}
 SHM_ROOT: Final = "/dev/shm"
@@ -45,6 +45,8 @@ VOLATILE: Final = (SHM_ROOT, "/dev", "/run", "/var/run", "/proc", "/sys")
 #: Cleaned at boot by systemd-tmpfiles, and a tmpfs on many systems (Debian 13's default).
 CLEANED_AT_BOOT: Final = "/tmp"
 GIB: Final = 1 << 30
+#: The most models, and the most servers, a spec may list.
+MAX_ENTRIES: Final = 256
 
 # Each section's keys, with the example that fix texts quote.
 ROOT: Final = {
@@ -94,7 +96,7 @@ def read_gpus(root: Section) -> GpuSpec | None:
     gpus = section(root.issues, root.data["gpus"], "gpus", GPUS, required=("count", "model"))
     if gpus is None:
         return None
-    count = gpus.get_int("count", 1, 64)
+    count = gpus.get_int("count", 1, MAX_GPUS)
     model = gpus.get_str("model")
     pcie = subsection(gpus, "pcie", PCIE, required=("gen", "width"))
     gen = pcie.get_int("gen", 1, 6) if pcie else None
@@ -111,7 +113,7 @@ def read_numa(gpus: Section, count: int | None) -> tuple[tuple[int, ...], ...]:
     path = gpus.where("numa")
     node_of: dict[int, int] = {}
     nodes: list[tuple[int, ...]] = []
-    for n, members in enumerate(entries(gpus, "numa")):
+    for n, members in enumerate(entries(gpus, "numa", MAX_GPUS)):
         if not isinstance(members, list):
             gpus.issues.error(at(path, n), f"expected a list, got {kind(members)}", "e.g. [0, 1]")
             continue
@@ -229,7 +231,7 @@ def read_models(root: Section) -> tuple[list[tuple[str, ModelSpec]], set[str]]:
     """Models with their paths, and every declared name (even of broken entries)."""
     models: list[tuple[str, ModelSpec]] = []
     names: set[str] = set()
-    for i, value in enumerate(entries(root, "models")):
+    for i, value in enumerate(entries(root, "models", MAX_ENTRIES)):
         path = at("models", i)
         model = read_model(root.issues, value, path)
         if isinstance(value, dict) and isinstance(value.get("name"), str):
@@ -331,7 +333,7 @@ def validate(data: object, source: str = "") -> SiteSpec:
     models, names = read_models(root)
     drafts = [
         draft
-        for i, value in enumerate(entries(root, "servers"))
+        for i, value in enumerate(entries(root, "servers", MAX_ENTRIES))
         if (draft := read_server(issues, value, at("servers", i), gpus)) is not None
     ]
     check_servers(issues, drafts, gpus)

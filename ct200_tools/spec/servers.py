@@ -25,6 +25,8 @@ from ct200_tools.spec.read import (
     subsection,
 )
 
+#: The most GPUs a spec declares (gpus.count), and so the longest list of GPU indices.
+MAX_GPUS: Final = 64
 ENV_KEY_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ARG_KEY_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 #: One label of a host name (RFC 1123): letters, digits and inner hyphens, at most 63.
@@ -68,10 +70,11 @@ SPECULATIVE: Final = {
 
 def index_list(issues: Issues, value: object, path: str, count: int | None) -> tuple[int, ...]:
     """Distinct GPU indices in 0..count-1; empty when anything is wrong (already recorded)."""
-    if not isinstance(value, list) or not value:
+    if not isinstance(value, list) or not value or len(value) > MAX_GPUS:
         issues.error(
             path,
-            f"expected a non-empty list of GPU indices, got {kind(value)} {show(value)}",
+            f"expected a non-empty list of at most {MAX_GPUS} GPU indices, got {kind(value)} "
+            f"{show(value)}",
             "write a list like [0, 1, 2, 3]",
         )
         return ()
@@ -145,7 +148,7 @@ def read_server(issues: Issues, value: object, path: str, gpus: GpuSpec | None) 
     if "gpus" in server.data:
         count = gpus.count if gpus else None
         draft.gpus = index_list(issues, server.data["gpus"], server.where("gpus"), count)
-    draft.tp = server.get_int("tp", 1, 64)
+    draft.tp = server.get_int("tp", 1, MAX_GPUS)
     if draft.tp is not None and draft.gpus and draft.tp != len(draft.gpus):
         issues.error(
             server.where("tp"),
@@ -176,6 +179,8 @@ def host_problem(host: str) -> str | None:
         return "has a scheme"
     if host.startswith("["):
         return "has brackets"
+    if "%" in host:
+        return "has a zone (%) or is no address"
     if host.count(":") == 1:
         return "has a port (host:port)"
     labels = host.removesuffix(".").split(".")

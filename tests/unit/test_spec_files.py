@@ -22,6 +22,7 @@ from ct200_tools.spec import (
     load_spec,
 )
 from ct200_tools.spec import files as spec_files
+from ct200_tools.spec.schema import MAX_ENTRIES
 from tests.unit.spec_helpers import EXAMPLE_DIR, EXAMPLE_FILE, changed, example, issue_at, write
 
 CT200 = str(EXAMPLE_DIR)
@@ -247,8 +248,8 @@ def test_alias_bomb_is_refused_before_it_is_built(
 
     monkeypatch.setattr(spec_files.SpecLoader, "construct_document", never)
     message = refused(write(tmp_path / "site.yml", alias_bomb()))
-    assert f"more than {MAX_NODES} nodes" in message
-    assert "alias" in message
+    assert f"more than {MAX_NODES} YAML values once aliases are expanded" in message
+    assert "alias bomb" in message
 
 
 def test_alias_just_under_the_bound_loads(tmp_path: Path) -> None:
@@ -274,7 +275,9 @@ def test_expanded_nodes_counts_every_alias_as_its_whole_tree() -> None:
 
 
 def test_self_referencing_merge_is_an_error_not_a_hang(tmp_path: Path) -> None:
-    assert "alias" in refused(write(tmp_path / "site.yml", "ct200_site: &a {<<: *a, gpus: 1}\n"))
+    assert "an alias that contains itself" in refused(
+        write(tmp_path / "site.yml", "ct200_site: &a {<<: *a, gpus: 1}\n")
+    )
 
 
 def test_a_50_mb_spec_is_refused_after_reading_only_the_limit(tmp_path: Path) -> None:
@@ -296,12 +299,40 @@ def test_dev_zero_is_refused_after_reading_only_the_limit() -> None:
     assert f"larger than {MAX_BYTES >> 10} KiB" in message
 
 
-def test_an_oversized_group_vars_file_is_named(tmp_path: Path) -> None:
-    write(tmp_path / "group_vars" / "all" / "ct200_site.yml", EXAMPLE_FILE.read_text())
-    write(tmp_path / "group_vars" / "all" / "big.yml", "x: " + "y" * MAX_BYTES + "\n")
+def test_an_oversized_group_vars_file_with_the_spec_is_named(tmp_path: Path) -> None:
+    big = EXAMPLE_FILE.read_text() + "# " + "y" * MAX_BYTES + "\n"
+    write(tmp_path / "group_vars" / "all" / "ct200_site.yml", big)
     with pytest.raises(SpecError) as caught:
         load_spec(tmp_path)
-    assert caught.value.source.endswith("big.yml")
+    assert caught.value.source.endswith("ct200_site.yml")
+    assert f"larger than {MAX_BYTES >> 10} KiB" in caught.value.issues[0].message
+
+
+def test_an_unrelated_large_group_vars_file_is_skipped(tmp_path: Path) -> None:
+    write(tmp_path / "group_vars" / "all" / "ct200_site.yml", EXAMPLE_FILE.read_text())
+    # The key's name straddles the scan's chunk boundary in the other file: still not ours.
+    write(tmp_path / "group_vars" / "all" / "certs.yml", "ca: |\n" + "  x\n" * MAX_BYTES)
+    assert load_spec(tmp_path).gpus.count == 8
+    straddle = "x" * (MAX_BYTES - 5) + SPEC_KEY + ": 1\n" + "y" * MAX_BYTES
+    assert spec_files.mentions(write(tmp_path / "other.yml", straddle), SPEC_KEY)
+    assert not spec_files.mentions(tmp_path / "group_vars" / "all" / "certs.yml", SPEC_KEY)
+
+
+@pytest.mark.parametrize("key", ["models", "servers"])
+def test_more_than_the_most_entries_is_refused_unread(tmp_path: Path, key: str) -> None:
+    many = [{"name": f"m{i}"} for i in range(MAX_ENTRIES + 1)]
+    with pytest.raises(SpecError) as caught:
+        load_spec(write(tmp_path / "site.yml", yaml.safe_dump({SPEC_KEY: changed({key: many})})))
+    issue = issue_at(caught.value.issues, key, "more than the 256", "error")
+    assert "257 entries" in issue.message
+    assert not any(i.path.startswith(f"{key}[") for i in caught.value.issues)  # none read
+
+
+def test_a_gpu_list_longer_than_any_machine_is_refused(tmp_path: Path) -> None:
+    data = changed({"servers[0].gpus": list(range(1000))})
+    with pytest.raises(SpecError) as caught:
+        load_spec(write(tmp_path / "site.yml", yaml.safe_dump({SPEC_KEY: data})))
+    issue_at(caught.value.issues, "servers[0].gpus", "at most 64", "error")
 
 
 @pytest.mark.parametrize(
@@ -385,6 +416,10 @@ def test_find_spec_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert none.describe() == (
         f"no site spec: no --spec, CT200_SPEC is not set, and {default} does not exist"
     )
+
+
+def test_empty_path_is_refused_not_read_as_the_current_directory() -> None:
+    assert "empty" in refused("")
 
 
 def test_find_spec_keeps_a_given_path_that_does_not_exist(tmp_path: Path) -> None:
