@@ -24,7 +24,7 @@ from ct200_tools.report import (
     render_prometheus,
     render_text,
 )
-from ct200_tools.spec import DEFAULT_SPEC_PATH, SiteSpec, SpecError
+from ct200_tools.spec import SiteSpec, SpecError, find_spec, load_spec
 
 EPILOG = """\b
 Examples:
@@ -52,13 +52,16 @@ class DoctorError(Exception):
 
 
 def _load_spec(path: str | None) -> tuple[SiteSpec | None, str | None]:
-    from ct200_tools.spec import load_spec  # noqa: PLC0415 - keeps `--help` instant
-
-    if path is None:
-        if not Path(DEFAULT_SPEC_PATH).exists():
-            return None, None
-        path = DEFAULT_SPEC_PATH
-    return load_spec(path), path
+    """The spec find_spec chooses; without one, says so once (the checks that need it skip)."""
+    choice = find_spec(path)
+    if choice.path is None:
+        click.echo(
+            f"ct200-doctor: {choice.describe()}; the checks that need one are skipped "
+            "(pass --spec PATH)",
+            err=True,
+        )
+        return None, None
+    return load_spec(choice.path), choice.path
 
 
 def _split(values: Sequence[str]) -> list[str]:
@@ -156,15 +159,18 @@ def snapshot(spec_path: str | None, deep: bool, timeout: float | None) -> None:
 @cli.command()
 @click.argument("spec_path", required=False, metavar="[SPEC]")
 def validate(spec_path: str | None) -> None:
-    """Validate a site spec (YAML file or inventory dir); exit 0 valid, 2 invalid."""
-    from ct200_tools.spec import load_spec  # noqa: PLC0415
+    """Validate a site spec (YAML file or inventory dir); exit 0 valid, 2 invalid.
 
-    path = spec_path or os.environ.get("CT200_SPEC") or DEFAULT_SPEC_PATH
-    spec = load_spec(path)
+    SPEC defaults to $CT200_SPEC if set, else /etc/ct200/site.yml.
+    """
+    choice = find_spec(spec_path)
+    if choice.path is None:
+        raise DoctorError(f"nothing to validate: {choice.describe()}; give SPEC")
+    spec = load_spec(choice.path)
     for w in spec.warnings:
         click.echo(f"warning: {w}", err=True)
     click.echo(
-        f"{path}: valid ({spec.gpus.count} GPUs, {len(spec.models)} models, "
+        f"{choice.describe()}: valid ({spec.gpus.count} GPUs, {len(spec.models)} models, "
         f"{len(spec.servers)} servers, {len(spec.enabled_servers)} enabled)"
     )
 

@@ -228,15 +228,15 @@ def _size(text: str) -> int:
 
 
 def _load_spec(spec_path: str | None) -> SiteSpec:
-    from ct200_tools.spec import DEFAULT_SPEC_PATH, load_spec  # noqa: PLC0415
+    from ct200_tools.spec import find_spec, load_spec  # noqa: PLC0415
 
-    path = spec_path or DEFAULT_SPEC_PATH
-    if not os.path.exists(path):
+    choice = find_spec(spec_path)  # the doctor's resolver: --spec, $CT200_SPEC, the default
+    if choice.path is None:
         raise StageError(
-            f"no site spec at {path}",
+            choice.describe(),
             "pass --spec PATH (or set CT200_SPEC), or give SRC DST paths instead of a model name",
         )
-    return load_spec(path)
+    return load_spec(choice.path)
 
 
 def _model_from_spec(name: str, spec_path: str | None) -> tuple[ModelSpec, SiteSpec]:

@@ -13,7 +13,7 @@ a machine without the driver fails nvmlInit with LIBRARY_NOT_FOUND (nodriver-vm.
 
 Anything that was not recorded (a second GPU, a topology level between two GPUs) is built with
 the helpers at the bottom, which say so; tests that use them mark their inputs as derived.
-The function names and signatures are pynvml's; test_probes checks them against the real module.
+The function names and signatures are pynvml's; test_probe_nvml checks them against the real module.
 """
 
 from __future__ import annotations

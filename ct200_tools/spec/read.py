@@ -2,7 +2,7 @@
 
 Schema-agnostic: a Section checks one mapping's keys against a table of examples and its getters
 turn values into ints, strings, paths and sizes, recording each problem with its path and a fix.
-The site's own schema and rules are in ct200_tools.specload.
+The site's own schema and rules are in ct200_tools.spec.schema and ct200_tools.spec.servers.
 """
 
 from __future__ import annotations
@@ -13,9 +13,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from posixpath import normpath
 from typing import Final
 
-from ct200_tools.spec import SPEC_KEY, SpecIssue, parse_size
+from ct200_tools.spec.model import SPEC_KEY, SpecIssue
+from ct200_tools.spec.sizes import NoUnitError, parse_size
 
 NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+#: C0 and C1 controls, DEL, and the Unicode line and paragraph separators: each would end a line
+#: (or worse) in the systemd units and EnvironmentFiles that values are written into.
+CONTROL_RE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+#: The fix for a control character, wherever it is.
+ONE_LINE: Final = (
+    "remove it: values are written into systemd units and EnvironmentFiles, where a newline "
+    "would start a line of its own; write the value on one line, without control characters"
+)
 
 
 def show(value: object) -> str:
@@ -61,6 +70,14 @@ def within(inner: str, outer: str) -> bool:
     return inner == outer or inner.startswith(outer.rstrip("/") + "/")
 
 
+def control(text: str) -> str | None:
+    """What is wrong when text holds a control character (which, and where), else None."""
+    found = CONTROL_RE.search(text)
+    if found is None:
+        return None
+    return f"contains the control character {found.group()!r} at position {found.start()}"
+
+
 def scalar_text(value: object) -> str | None:
     """Numbers become their YAML text (env values, argv); bools are refused as ambiguous."""
     if isinstance(value, str):
@@ -81,6 +98,13 @@ class Issues:
 
     def error(self, path: str, message: str, fix: str) -> None:
         self.items.append(SpecIssue(path, message, fix))
+
+    def one_line(self, path: str, text: str) -> bool:
+        """Records an error when text holds a control character; True when it is clean."""
+        problem = control(text)
+        if problem is not None:
+            self.error(path, problem, ONE_LINE)
+        return problem is None
 
     def warn(self, path: str, message: str, fix: str) -> None:
         self.items.append(SpecIssue(path, message, fix, "warning"))
@@ -162,10 +186,12 @@ class Section:
 
     def get_str(self, key: str, *, nullable: bool = False) -> str | None:
         value = self.raw(key, nullable=nullable)
-        if value is None or (isinstance(value, str) and value.strip()):
-            return value
-        self.bad(key, value, "a non-empty string")
-        return None
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            self.bad(key, value, "a non-empty string")
+            return None
+        return value if self.issues.one_line(self.where(key), value) else None
 
     def get_choice(self, key: str, choices: Sequence[str], *, upper: bool = False) -> str | None:
         value = self.get_str(key)
@@ -210,10 +236,18 @@ class Section:
             self.bad(key, value, "a size")
             return None
         try:
-            return parse_size(value)
+            return parse_size(value, unit_required=True)
+        except NoUnitError as exc:
+            n = exc.number
+            self.issues.error(
+                self.where(key),
+                str(exc),
+                f"write the unit: {n}G for GiB, {n}M for MiB, or {n}B if you really mean bytes "
+                "(K/M/G/T are binary, as for tmpfs)",
+            )
         except ValueError as exc:
             self.issues.error(self.where(key), str(exc), f"write e.g. {self.examples[key]}")
-            return None
+        return None
 
 
 def section(
@@ -259,12 +293,23 @@ def subsection(
     return section(parent.issues, value, parent.where(key), examples, required)
 
 
-def entries(parent: Section, key: str) -> list[object]:
-    """The list at `key`; null means empty, as YAML writes a list whose entries were removed."""
+def entries(parent: Section, key: str, most: int) -> list[object]:
+    """The list at `key`; null means empty, as YAML writes a list whose entries were removed.
+
+    More than `most` entries is an error, and none is read: rules between entries compare
+    pairs, and a site has far fewer, so the bound keeps validation within a second.
+    """
     value = parent.data.get(key)
     if value is None:
         return []
     if not isinstance(value, list):
         parent.bad(key, value, "a list")
+        return []
+    if len(value) > most:
+        parent.issues.error(
+            parent.where(key),
+            f"has {len(value)} entries, more than the {most} a site spec may list",
+            f"list at most {most}: a site's {key} are far fewer (is this the right file?)",
+        )
         return []
     return value

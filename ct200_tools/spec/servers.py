@@ -1,36 +1,21 @@
-"""The site spec's schema and rules; import the public names from ct200_tools.spec.
+"""The servers of the site spec: each server's fields, and the rules between servers.
 
-Every rule records an issue and carries on, so one run reports every problem with its path and fix.
-All the schema lives in this one module on purpose: a rule and its neighbours are read together.
-The typed reading is in ct200_tools.specread, reading files and inventories in ct200_tools.specfile.
+Every rule records an issue and carries on, so one run reports every problem with its path and
+fix. The rest of the schema, and validate(), are in ct200_tools.spec.schema.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from typing import Final
 
-from ct200_tools.spec import (
-    Engine,
-    GpuSpec,
-    ModelSpec,
-    Passthrough,
-    PcieSpec,
-    PveSpec,
-    ServerSpec,
-    ShmSpec,
-    SiteSpec,
-    SpecError,
-    SpeculativeSpec,
-    TuningSpec,
-)
-from ct200_tools.specread import (
+from ct200_tools.spec.model import Engine, GpuSpec, ServerSpec, SpeculativeSpec
+from ct200_tools.spec.read import (
     Issues,
     Section,
     at,
-    did_you_mean,
-    entries,
     keyname,
     kind,
     listing,
@@ -38,19 +23,19 @@ from ct200_tools.specread import (
     section,
     show,
     subsection,
-    within,
 )
 
+#: The most GPUs a spec declares (gpus.count), and so the longest list of GPU indices.
+MAX_GPUS: Final = 64
 ENV_KEY_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ARG_KEY_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+#: One label of a host name (RFC 1123): letters, digits and inner hyphens, at most 63.
+LABEL_RE: Final = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 ENGINES: Final[dict[str, Engine]] = {"sglang": "sglang", "vllm": "vllm", "command": "command"}
-PASSTHROUGH: Final[dict[str, Passthrough]] = {"devn": "devn", "raw-lxc": "raw-lxc"}
 ALGORITHMS: Final = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DDTREE")
 #: NEXTN drafts with the model's own MTP layers and NGRAM from the prompt: no separate drafter.
 NO_DRAFT_MODEL: Final = ("NGRAM", "NEXTN")
 EAGLE_FLAGS: Final = ("num_steps", "eagle_topk", "num_draft_tokens")
-SHM_ROOT: Final = "/dev/shm"
-GIB: Final = 1 << 30
 #: The server unit renders these from the server's own fields; a second copy would fight it.
 RESERVED_ARGS: Final = frozenset(
     {"model", "model-path", "tp", "tp-size", "tensor-parallel-size", "host", "port"}
@@ -59,34 +44,6 @@ RESERVED_ARGS: Final = frozenset(
 )
 RESERVED_ENV: Final = frozenset({"CUDA_VISIBLE_DEVICES"})
 
-# Each section's keys, with the example that fix texts quote.
-ROOT: Final = {
-    "pve": "pve: {vmid: 200, passthrough: devn}",
-    "gpus": "gpus: {count: 8, model: RTX PRO 6000}",
-    "tuning": "tuning: {numa_balancing: 0, pcie_max_read_request: 4096}",
-    "shm": "shm: {size: 1200G, reserve_ram: 64G}",
-    "models": "models: [{name: ..., source: ..., staged: ...}]",
-    "servers": "servers: [{name: ..., engine: sglang, model: ..., gpus: [0, 1], port: 30000}]",
-}
-PVE: Final = {"vmid": "vmid: 200", "passthrough": "passthrough: devn"}
-GPUS: Final = {
-    "count": "count: 8",
-    "model": "model: RTX PRO 6000",
-    "pcie": "pcie: {gen: 5, width: 16}",
-    "numa": "numa: [[0, 1, 2, 3], [4, 5, 6, 7]]",
-}
-PCIE: Final = {"gen": "gen: 5", "width": "width: 16"}
-TUNING: Final = {
-    "numa_balancing": "numa_balancing: 0",
-    "pcie_max_read_request": "pcie_max_read_request: 4096",
-}
-SHM: Final = {"size": "size: 1200G", "reserve_ram": "reserve_ram: 64G"}
-MODEL: Final = {
-    "name": "name: qwen3.6-27b",
-    "source": "source: /tank/models/Qwen3.6-27B",
-    "staged": "staged: /dev/shm/models/qwen3.6-27b",
-    "size": "size: 54G",
-}
 SERVER: Final = {
     "name": "name: qwen-tp4",
     "engine": "engine: sglang",
@@ -111,79 +68,13 @@ SPECULATIVE: Final = {
 }
 
 
-# --- sections --------------------------------------------------------------------------------
-
-
-def read_pve(root: Section) -> PveSpec | None:
-    pve = subsection(root, "pve", PVE, required=("vmid",))
-    if pve is None:
-        return None
-    vmid = pve.get_int("vmid", 100, 999_999_999)
-    passthrough = PASSTHROUGH.get(pve.get_choice("passthrough", tuple(PASSTHROUGH)) or "devn")
-    return None if vmid is None or passthrough is None else PveSpec(vmid, passthrough)
-
-
-def read_gpus(root: Section) -> GpuSpec | None:
-    if "gpus" not in root.data:
-        return None  # the root section already reported it missing
-    gpus = section(root.issues, root.data["gpus"], "gpus", GPUS, required=("count", "model"))
-    if gpus is None:
-        return None
-    count = gpus.get_int("count", 1, 64)
-    model = gpus.get_str("model")
-    pcie = subsection(gpus, "pcie", PCIE, required=("gen", "width"))
-    gen = pcie.get_int("gen", 1, 6) if pcie else None
-    width = pcie.get_int("width", 1, 32, choices=(1, 2, 4, 8, 16, 32)) if pcie else None
-    numa = read_numa(gpus, count)
-    if count is None or model is None:
-        return None
-    link = PcieSpec(gen, width) if gen is not None and width is not None else None
-    return GpuSpec(count, model, link, numa)
-
-
-def read_numa(gpus: Section, count: int | None) -> tuple[tuple[int, ...], ...]:
-    """GPUs per NUMA node; each GPU in exactly one node, so TP groups can be judged."""
-    path = gpus.where("numa")
-    node_of: dict[int, int] = {}
-    nodes: list[tuple[int, ...]] = []
-    for n, members in enumerate(entries(gpus, "numa")):
-        if not isinstance(members, list):
-            gpus.issues.error(at(path, n), f"expected a list, got {kind(members)}", "e.g. [0, 1]")
-            continue
-        for i, gpu in enumerate(members):
-            if isinstance(gpu, bool) or not isinstance(gpu, int):
-                gpus.issues.error(at(at(path, n), i), f"{show(gpu)} is not a GPU index", "e.g. 0")
-            elif count is not None and not 0 <= gpu < count:
-                gpus.issues.error(
-                    at(at(path, n), i),
-                    f"GPU {show(gpu)} is out of range 0..{count - 1}",
-                    f"list only GPUs 0 to {count - 1}, or raise gpus.count",
-                )
-            elif gpu in node_of:
-                gpus.issues.error(
-                    at(at(path, n), i),
-                    f"GPU {gpu} is already in node {node_of[gpu]}",
-                    "list each GPU in exactly one node",
-                )
-            else:
-                node_of[gpu] = n
-        nodes.append(tuple(g for g in members if isinstance(g, int) and node_of.get(g) == n))
-    missing = [g for g in range(count or 0) if g not in node_of]
-    if nodes and missing:
-        gpus.issues.error(
-            path,
-            f"GPUs {listing(missing)} are in no NUMA node",
-            "add each GPU to its node's list (cat /sys/bus/pci/devices/<bdf>/numa_node)",
-        )
-    return tuple(nodes)
-
-
 def index_list(issues: Issues, value: object, path: str, count: int | None) -> tuple[int, ...]:
     """Distinct GPU indices in 0..count-1; empty when anything is wrong (already recorded)."""
-    if not isinstance(value, list) or not value:
+    if not isinstance(value, list) or not value or len(value) > MAX_GPUS:
         issues.error(
             path,
-            f"expected a non-empty list of GPU indices, got {kind(value)} {show(value)}",
+            f"expected a non-empty list of at most {MAX_GPUS} GPU indices, got {kind(value)} "
+            f"{show(value)}",
             "write a list like [0, 1, 2, 3]",
         )
         return ()
@@ -202,100 +93,6 @@ def index_list(issues: Issues, value: object, path: str, count: int | None) -> t
         else:
             good.append(item)
     return tuple(good) if len(good) == len(value) else ()
-
-
-def read_tuning(root: Section) -> TuningSpec:
-    tuning = subsection(root, "tuning", TUNING)
-    if tuning is None:
-        return TuningSpec()
-    # Absent means the default (0); an explicit null means "leave the host's setting alone".
-    balancing = tuning.get_int("numa_balancing", 0, 1, nullable=True)
-    if "numa_balancing" not in tuning.data:
-        balancing = 0
-    mrrs = tuning.get_int(
-        "pcie_max_read_request", 128, 4096, choices=(128, 256, 512, 1024, 2048, 4096), nullable=True
-    )
-    return TuningSpec(balancing, mrrs)
-
-
-def read_shm(root: Section) -> ShmSpec:
-    shm = subsection(root, "shm", SHM)
-    if shm is None:
-        return ShmSpec()
-    size = shm.get_size("size")
-    if size == 0:
-        shm.issues.error(shm.where("size"), "is 0", "give /dev/shm a size, e.g. size: 1200G")
-    return ShmSpec(size or None, shm.get_size("reserve_ram", nullable=False) or 0)
-
-
-def read_model(issues: Issues, value: object, path: str) -> ModelSpec | None:
-    model = section(issues, value, path, MODEL, required=("name", "source", "staged"))
-    if model is None:
-        return None
-    name, source = model.get_name("name"), model.get_path("source")
-    staged, size = model.get_path("staged"), model.get_size("size")
-    if source is not None and staged is not None:
-        if within(staged, source) or within(source, staged):
-            issues.error(
-                model.where("staged"),
-                f"staged {staged} and source {source} overlap",
-                "stage to a separate directory under /dev/shm: the source is the persistent "
-                "copy that restages the model after a reboot and must never be touched",
-            )
-        if staged in ("/", SHM_ROOT):
-            issues.error(
-                model.where("staged"),
-                f"{staged} is a whole filesystem",
-                f"use a directory of its own, e.g. {SHM_ROOT}/models/{name or 'NAME'}",
-            )
-            staged = None  # kept out of the overlap checks, where it would clash with everything
-        elif not within(staged, SHM_ROOT):
-            issues.warn(
-                model.where("staged"),
-                f"{staged} is not under {SHM_ROOT}",
-                f"stage under {SHM_ROOT} (tmpfs) so loading reads RAM; elsewhere it loads at "
-                "disk speed",
-            )
-    if name is None or source is None or staged is None:
-        return None
-    return ModelSpec(name, source, staged, size)
-
-
-def read_models(root: Section) -> tuple[list[tuple[str, ModelSpec]], set[str]]:
-    """Models with their paths, and every declared name (even of broken entries)."""
-    models: list[tuple[str, ModelSpec]] = []
-    names: set[str] = set()
-    for i, value in enumerate(entries(root, "models")):
-        path = at("models", i)
-        model = read_model(root.issues, value, path)
-        if isinstance(value, dict) and isinstance(value.get("name"), str):
-            names.add(value["name"])
-        if model is None:
-            continue
-        for other_path, other in models:
-            check_model_pair(root.issues, path, model, other_path, other)
-        models.append((path, model))
-    return models, names
-
-
-def check_model_pair(
-    issues: Issues, path: str, model: ModelSpec, other_path: str, other: ModelSpec
-) -> None:
-    if model.name == other.name:
-        issues.error(
-            at(path, "name"),
-            f"model name {model.name!r} is already used by {other_path}",
-            "give each model its own name",
-        )
-    if within(model.staged, other.staged) or within(other.staged, model.staged):
-        issues.error(
-            at(path, "staged"),
-            f"staged path {model.staged} overlaps {other_path}.staged ({other.staged})",
-            "give each model its own directory: staging one would replace the other",
-        )
-
-
-# --- servers ---------------------------------------------------------------------------------
 
 
 @dataclass
@@ -351,7 +148,7 @@ def read_server(issues: Issues, value: object, path: str, gpus: GpuSpec | None) 
     if "gpus" in server.data:
         count = gpus.count if gpus else None
         draft.gpus = index_list(issues, server.data["gpus"], server.where("gpus"), count)
-    draft.tp = server.get_int("tp", 1, 64)
+    draft.tp = server.get_int("tp", 1, MAX_GPUS)
     if draft.tp is not None and draft.gpus and draft.tp != len(draft.gpus):
         issues.error(
             server.where("tp"),
@@ -360,13 +157,53 @@ def read_server(issues: Issues, value: object, path: str, gpus: GpuSpec | None) 
             f"or list {draft.tp} GPUs in gpus",
         )
     draft.port = server.get_int("port", 1, 65535)
-    draft.host = server.get_str("host") or draft.host
+    draft.host = read_host(server) or draft.host
     draft.enabled = server.get_bool("enabled") is not False
     draft.env = read_env(server)
     draft.args = read_args(server, draft.engine)
     draft.command = read_command(server, draft.engine)
     draft.speculative = read_speculative(server, draft.engine)
     return draft
+
+
+def host_problem(host: str) -> str | None:
+    """Why host is neither an IP address nor a host name, or None: the engine binds to it."""
+    if "%" not in host:  # an IPv6 zone (fe80::1%eth0) would be a specifier in a unit file
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            pass
+        else:
+            return None
+    if "://" in host:
+        return "has a scheme"
+    if host.startswith("["):
+        return "has brackets"
+    if "%" in host:
+        return "has a zone (%) or is no address"
+    if host.count(":") == 1:
+        return "has a port (host:port)"
+    labels = host.removesuffix(".").split(".")
+    if len(host) > 253 or not all(LABEL_RE.match(label) for label in labels):
+        return "is not an IP address or a host name"
+    if labels[-1].isdigit():  # 300.1.1.1: no top-level domain is all digits (RFC 3696)
+        return "is not a valid IP address (and not a host name)"
+    return None
+
+
+def read_host(server: Section) -> str | None:
+    host = server.get_str("host")
+    problem = host_problem(host) if host is not None else None
+    if host is None or problem is None:
+        return host
+    server.issues.error(
+        server.where("host"),
+        f"{show(host)} {problem}",
+        "write an IP address or a host name only, e.g. host: 127.0.0.1 (this machine), "
+        "0.0.0.0 or :: (every interface); the port goes in port:, and no scheme (http://), "
+        "brackets or zone (%eth0)",
+    )
+    return None
 
 
 def read_env(server: Section) -> dict[str, str]:
@@ -391,7 +228,7 @@ def read_env(server: Section) -> dict[str, str]:
                 f"expected a string or number, got {kind(item)} {show(item)}",
                 "quote the value, e.g. 'true' or '1': environment values are text",
             )
-        else:
+        elif server.issues.one_line(where, text):
             env[key] = text
     return env
 
@@ -426,9 +263,20 @@ def read_args(server: Section, engine: Engine | None) -> dict[str, object]:
                 f"expected a string, number, boolean or list of them, got {show(item)}",
                 "use true for a bare flag; pass JSON as a quoted string",
             )
-        else:
+        elif one_line(server.issues, where, arg):
             args[key] = arg
     return args
+
+
+def one_line(issues: Issues, where: str, arg: object) -> bool:
+    """An argument value, or each item of a list of them, without control characters."""
+    items = list(enumerate(arg)) if isinstance(arg, tuple) else [(None, arg)]
+    clean = [
+        issues.one_line(where if i is None else at(where, i), text)
+        for i, text in items
+        if isinstance(text, str)
+    ]
+    return all(clean)
 
 
 def arg_value(item: object) -> object | None:
@@ -459,7 +307,8 @@ def read_command(server: Section, engine: Engine | None) -> tuple[str, ...]:
     if not argv or None in argv or not argv[0]:
         server.bad("command", value, "a non-empty list of strings")
         return ()
-    return tuple(a for a in argv if a is not None)
+    command = tuple(a for a in argv if a is not None)
+    return command if one_line(server.issues, server.where("command"), command) else ()
 
 
 def read_speculative(server: Section, engine: Engine | None) -> SpeculativeSpec | None:
@@ -560,87 +409,3 @@ def check_numa(issues: Issues, server: Draft, gpus: GpuSpec) -> None:
             "keep a server's GPUs within one node (e.g. [0, 1, 2, 3]) unless the model needs "
             "the memory of more GPUs than one node has",
         )
-
-
-def check_models(
-    issues: Issues,
-    drafts: list[Draft],
-    models: list[tuple[str, ModelSpec]],
-    names: set[str],
-    shm: ShmSpec,
-) -> None:
-    """Server references resolve, and what the enabled servers load fits in /dev/shm."""
-    by_staged = {m.staged: m for _, m in models}
-    used: dict[str, ModelSpec] = {}
-    for server in drafts:
-        if server.model is not None and server.model not in names:
-            issues.error(
-                at(server.path, "model"),
-                f"unknown model {server.model!r}{did_you_mean(server.model, names)}",
-                f"declare it under models, or use one of: {listing(sorted(names)) or 'none'}",
-            )
-        draft_path = server.speculative.draft_model if server.speculative else None
-        if draft_path and within(draft_path, SHM_ROOT) and draft_path not in by_staged:
-            issues.warn(
-                at(server.path, "speculative.draft_model"),
-                f"{draft_path} is in {SHM_ROOT} but no model is staged there, so a reboot "
-                "loses it for good",
-                "declare the drafter under models with this path as its staged path",
-            )
-        if server.enabled:
-            for model in (
-                *(m for _, m in models if m.name == server.model),
-                by_staged.get(draft_path or ""),
-            ):
-                if model is not None:
-                    used[model.name] = model
-    check_fit(issues, list(used.values()), shm)
-
-
-def check_fit(issues: Issues, used: list[ModelSpec], shm: ShmSpec) -> None:
-    sized = [m for m in used if m.size is not None]
-    total = sum(m.size or 0 for m in sized)
-    if shm.size is None or total <= shm.size:
-        return
-    unsized = len(used) - len(sized)
-    issues.error(
-        "shm.size",
-        f"the models of the enabled servers need {total / GIB:.1f} GiB "
-        f"({listing(f'{m.name} {(m.size or 0) / GIB:.1f} GiB' for m in sized)}"
-        + (f"; {unsized} without a size not counted" if unsized else "")
-        + f") but shm.size is {shm.size / GIB:.1f} GiB",
-        f"raise shm.size to at least {-(-total // GIB)}G, or disable servers so fewer models "
-        "are staged at once",
-    )
-
-
-# --- the whole spec ----------------------------------------------------------------------------
-
-
-def validate(data: object, source: str = "") -> SiteSpec:
-    issues = Issues()
-    root = section(issues, data, "", ROOT, required=("gpus",))
-    if root is None:
-        raise SpecError(issues.items, source)
-    gpus = read_gpus(root)
-    pve, tuning, shm = read_pve(root), read_tuning(root), read_shm(root)
-    models, names = read_models(root)
-    drafts = [
-        draft
-        for i, value in enumerate(entries(root, "servers"))
-        if (draft := read_server(issues, value, at("servers", i), gpus)) is not None
-    ]
-    check_servers(issues, drafts, gpus)
-    check_models(issues, drafts, models, names, shm)
-    if gpus is None or issues.of("error"):
-        raise SpecError(issues.of("error"), source)
-    return SiteSpec(
-        gpus=gpus,
-        pve=pve,
-        tuning=tuning,
-        shm=shm,
-        models=tuple(m for _, m in models),
-        servers=tuple(s for d in drafts if (s := d.build()) is not None),
-        warnings=tuple(issues.of("warning")),
-        source=source,
-    )

@@ -1,28 +1,28 @@
-"""The site spec: one YAML description of what a site wants, loaded and validated here.
+"""The site spec as typed, frozen values: what a site wants, once validated.
 
-Ansible renders machines from it, the playbooks copy it to /etc/ct200/site.yml, and the doctor
-judges the machine against it. Validation runs before anything changes and reports every problem
-with its field path and the fix, not only the first.
+Ansible renders machines from the spec, the playbooks copy it to /etc/ct200/site.yml, and the
+doctor judges the machine against it. This module holds only the values and their plain form;
+the rules that build them are in ct200_tools.spec.schema, reading files in ct200_tools.spec.files.
 """
 
 from __future__ import annotations
 
-import math
-import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
-from fractions import Fraction
-from typing import Literal
+from typing import Final, Literal
+
+from ct200_tools.spec.sizes import format_size
 
 Passthrough = Literal["devn", "raw-lxc"]
 Engine = Literal["sglang", "vllm", "command"]
 Severity = Literal["error", "warning"]
 
 #: Where the playbooks install the spec on every target; the doctor's default.
-DEFAULT_SPEC_PATH = "/etc/ct200/site.yml"
+DEFAULT_SPEC_PATH: Final = "/etc/ct200/site.yml"
 #: The top-level key in YAML files and Ansible group_vars.
-SPEC_KEY = "ct200_site"
+SPEC_KEY: Final = "ct200_site"
+#: Marks a field that holds bytes: its plain form is written with a unit (1200G), as a spec must.
+SIZE: Final = {"size": True}
 
 
 @dataclass(frozen=True)
@@ -85,9 +85,9 @@ class TuningSpec:
 @dataclass(frozen=True)
 class ShmSpec:
     #: Size of /dev/shm in bytes; None: whatever the system gives.
-    size: int | None = None
+    size: int | None = field(default=None, metadata=SIZE)
     #: RAM in bytes that staging must leave free for everything else.
-    reserve_ram: int = 0
+    reserve_ram: int = field(default=0, metadata=SIZE)
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class ModelSpec:
     #: Where the model is served from (normally under /dev/shm).
     staged: str
     #: Declared size in bytes, if known before the source can be read.
-    size: int | None = None
+    size: int | None = field(default=None, metadata=SIZE)
 
 
 @dataclass(frozen=True)
@@ -149,41 +149,23 @@ class SiteSpec:
     def model(self, name: str) -> ModelSpec | None:
         return next((m for m in self.models if m.name == name), None)
 
+    def needed_models(self) -> tuple[ModelSpec, ...]:
+        """The models the enabled servers need, in spec order: each one's model, and the
+        declared models whose staged path a server names as its speculative.draft_model.
 
-# Binary like tmpfs's size= option, so a size here means the same as in the mount that uses it.
-_SIZE_RE = re.compile(r"([0-9]{1,30}(?:\.[0-9]{1,30})?)\s*([kmgtpe]?)(i?b?)", re.IGNORECASE)
-_SHIFTS = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40, "p": 50, "e": 60}
-
-
-def parse_size(value: str | int) -> int:
-    """Bytes from a size as tmpfs takes it: 1200G, 512M, 1.5T, 64GiB, 4096 or an int of bytes.
-
-    K/M/G/T/P/E are powers of 1024; "GB" is refused as ambiguous. Fractions round up to a byte.
-    Raises ValueError, with the accepted forms, on anything else.
-    """
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(f"a size is a string like 1200G or an integer, not {type(value).__name__}")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError("a size cannot be negative")
-        return value
-    match = _SIZE_RE.fullmatch(value.strip())
-    unit, suffix = (match.group(2).lower(), match.group(3).lower()) if match else ("", "")
-    if match is None or (suffix in ("i", "ib") and not unit) or (suffix == "b" and unit):
-        shown = value if len(value) <= 40 else value[:37] + "..."
-        reason = (
-            f"{unit.upper()}B is ambiguous (powers of 1000 or 1024?)" if match else "not a size"
-        )
-        raise ValueError(
-            f"{shown!r}: {reason}; write e.g. 1200G, 1200GiB, 512M, 1.5T or 4096 (bytes); "
-            "K/M/G/T are binary, as for tmpfs"
-        )
-    return math.ceil(Fraction(match.group(1)) * (1 << _SHIFTS[unit]))
+        The one definition of "needed": staging stages these (Ansible reads them from the
+        validate play), validation checks that they fit in shm.size, and the doctor checks them.
+        A disabled server's model (595 GB for Kimi) must not take RAM at every boot.
+        """
+        servers = self.enabled_servers
+        names = {s.model for s in servers}
+        drafts = {s.speculative.draft_model for s in servers if s.speculative}
+        return tuple(m for m in self.models if m.name in names or m.staged in drafts)
 
 
 def _plain(value: object) -> object:
     if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+        return {f.name: _field(f.metadata, getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, tuple | list):
         return [_plain(v) for v in value]
     if isinstance(value, Mapping):
@@ -191,34 +173,22 @@ def _plain(value: object) -> object:
     return value
 
 
+def _field(metadata: Mapping[str, object], value: object) -> object:
+    if metadata.get("size") and isinstance(value, int):
+        return format_size(value)
+    return _plain(value)
+
+
+def model_to_dict(model: ModelSpec) -> dict[str, object]:
+    """One model's plain form, as under ct200_site.models (sizes with their unit)."""
+    return {f.name: _field(f.metadata, getattr(model, f.name)) for f in fields(model)}
+
+
 def spec_to_dict(spec: SiteSpec) -> dict[str, object]:
     """The canonical plain form, to write under ct200_site (e.g. in /etc/ct200/site.yml).
 
     Every field is written, defaults and nulls included, so a reader never needs our defaults;
-    validate(spec_to_dict(s)) equals s apart from source.
+    sizes carry their unit (1200G). validate(spec_to_dict(s)) equals s apart from source.
     """
     skip = ("warnings", "source")
     return {f.name: _plain(getattr(spec, f.name)) for f in fields(spec) if f.name not in skip}
-
-
-def validate(data: object, source: str = "") -> SiteSpec:
-    """A SiteSpec from the mapping under ct200_site; warnings go into SiteSpec.warnings.
-
-    Raises SpecError with every error found, each with its path (e.g. servers[1].gpus[2]) and
-    fix; SpecError.issues holds errors only, so warnings show once the errors are fixed.
-    """
-    from ct200_tools import specload  # noqa: PLC0415 - specload imports this module
-
-    return specload.validate(data, source)
-
-
-def load_spec(path: str | os.PathLike[str]) -> SiteSpec:
-    """The spec from a YAML file with a top-level ct200_site, or from an inventory directory.
-
-    In a directory exactly one group_vars/**/*.yml|yaml file must define ct200_site. Raises
-    SpecError for unreadable files, YAML errors (with line and column), Jinja in values, and
-    everything validate() finds.
-    """
-    from ct200_tools import specfile  # noqa: PLC0415 - specfile imports this module
-
-    return specfile.load_spec(path)
