@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from ct200_tools.checks.base import Context, Outcome, Remedy, check, failed, gib, passed, skipped
-from ct200_tools.checks.models import needed_models
 
 #: tmpfs rounds its size to pages and df to blocks; a hair under the spec is not a fault.
 SIZE_SLACK = 0.005
@@ -14,7 +13,7 @@ def model_sizes(ctx: Context) -> tuple[dict[str, int], list[str]]:
     names whose size is unknown."""
     facts = {m.name: m for m in ctx.facts.models or ()}
     sizes, unknown = {}, []
-    for m in needed_models(ctx):
+    for m in ctx.site.needed_models():
         f = facts.get(m.name)
         size = f.source_bytes if f and f.source_bytes is not None else m.size
         if size is None:

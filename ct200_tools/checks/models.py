@@ -10,18 +10,6 @@ from ct200_tools.facts import ModelFacts
 from ct200_tools.spec import ModelSpec
 
 
-def needed_models(ctx: Context) -> list[ModelSpec]:
-    """Models of enabled servers, and the declared models their draft_model paths point at."""
-    spec = ctx.site
-    names = {s.model for s in spec.enabled_servers}
-    drafts = {
-        s.speculative.draft_model
-        for s in spec.enabled_servers
-        if s.speculative and s.speculative.draft_model
-    }
-    return [m for m in spec.models if m.name in names or m.staged in drafts]
-
-
 def _stage_fix(m: ModelSpec) -> Remedy:
     return Remedy(
         f"restage {m.name} from its persistent copy {m.source} (verified, atomic)",
@@ -75,7 +63,7 @@ def check_staged(ctx: Context) -> Outcome:
     ct200-stage: a marker naming the manifest, every file at its size, and with --deep every
     chunk re-hashed. A partial tree with a running stage is a warning; a missing persistent copy
     says so, since staging never creates one."""
-    models = needed_models(ctx)
+    models = list(ctx.site.needed_models())
     if not models:
         return skipped("no enabled server needs a model")
     if ctx.facts.models is None:
