@@ -23,10 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from ct200_tools.testbed import rootfs
-from ct200_tools.testbed.config import DEFAULT_MACHINES, MachineSpec, Settings
-from ct200_tools.testbed.harness import Harness, claim_test_slot
-from ct200_tools.testbed.system import Runner
+from testbed import rootfs
+from testbed.config import DEFAULT_MACHINES, MachineSpec, Settings
+from testbed.harness import Harness, claim_test_slot
+from testbed.system import Runner
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent

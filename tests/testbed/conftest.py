@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 from tbharness import Bed, require_testbed
 
-from ct200_tools.testbed.config import DEFAULT_MACHINES, TEST_SLOTS, MachineSpec, Settings
-from ct200_tools.testbed.harness import Harness, claim_test_slot
+from testbed.config import DEFAULT_MACHINES, TEST_SLOTS, MachineSpec, Settings
+from testbed.harness import Harness, claim_test_slot
 
 
 @pytest.fixture(scope="session")

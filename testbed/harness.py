@@ -21,11 +21,11 @@ from typing import IO
 
 import yaml
 
-from ct200_tools.testbed import cgroups, inventory, machine, network, rootfs, ssh, wheelhouse
-from ct200_tools.testbed.config import TEST_SLOTS, MachineSpec, Settings, Slot
-from ct200_tools.testbed.errors import TestbedError
-from ct200_tools.testbed.machine import Machine
-from ct200_tools.testbed.system import Runner, preflight
+from testbed import cgroups, inventory, machine, network, rootfs, ssh, wheelhouse
+from testbed.config import TEST_SLOTS, MachineSpec, Settings, Slot
+from testbed.errors import TestbedError
+from testbed.machine import Machine
+from testbed.system import Runner, preflight
 
 PROPAGATE_DIR = Path("/run/systemd/nspawn/propagate")
 DEFAULT_VMID = 200
