@@ -1,8 +1,8 @@
 """Ansible on the testbed: a converged re-run of site.yml against a facts-only play, same machines,
 same run; plus the testbed's warm start (and, with --cold, its cold build).
 
-    sudo .venv/bin/python benchmarks/ansible/bench.py            # ~2 min
-    sudo .venv/bin/python benchmarks/ansible/bench.py --cold     # + a from-scratch rootfs build
+    sudo .venv/bin/python -m benchmarks.ansible.bench            # ~2 min, from the repo root
+    sudo .venv/bin/python -m benchmarks.ansible.bench --cold     # + a from-scratch rootfs build
 
 Uses a free test slot (1..8), so a testbed brought up by hand (slot 0) is left alone, and takes
 it down at the end. Every site.yml re-run is checked to report changed=0 (else the figure would

@@ -1,4 +1,4 @@
-"""Helpers of the testbed tests: requirements, ssh and ansible-playbook against a running testbed,
+"""Helpers of the testbed tests: ssh and ansible-playbook against a running testbed,
 and snapshots of what a playbook may change on a machine.
 
 A module of its own (not conftest.py) so test modules can import it by a name no other test
@@ -15,41 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from testbed import rootfs
 from testbed import ssh as tbssh
-from testbed.config import Settings, Slot
+from testbed.config import Slot
 from testbed.harness import Harness, UpReport
-from testbed.system import BUILD_TOOLS, TOOLS, install_hint, missing_tools
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 CALLBACKS = Path(__file__).parent / "callback_plugins"
-
-
-def unmet() -> str | None:
-    """Why the testbed cannot run here, or None."""
-    if os.geteuid() != 0:
-        return "the testbed needs root (network namespaces, mounts, systemd-nspawn)"
-    tools = dict(TOOLS)
-    if not rootfs.is_built(Settings.from_env()):
-        tools.update(BUILD_TOOLS)
-    missing = missing_tools(tools)
-    if missing:
-        return f"missing {', '.join(sorted(missing))}: {install_hint(missing)}"
-    if not (VENV_BIN / "ansible-playbook").exists():
-        return f"ansible-playbook is not installed in {VENV_BIN}: run `bash scripts/setup.sh`"
-    return None
-
-
-def require_testbed() -> None:
-    reason = unmet()
-    if reason is None:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"CI must run the testbed tests, but {reason}", pytrace=False)
-    pytest.skip(reason)
 
 
 @dataclass

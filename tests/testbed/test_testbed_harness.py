@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tbharness import REPO, Bed, require_testbed
+from tbharness import REPO, Bed
 
 from testbed import cgroups, inventory, network, rootfs, units
 from testbed.config import MachineSpec, Settings, Slot
@@ -161,10 +161,9 @@ def test_killed_run_is_recovered_and_teardown_leaves_nothing(
 
 
 @pytest.mark.testbed
-def test_address_in_use_is_reported(tmp_path: Path) -> None:
+def test_address_in_use_is_reported(testbed_requirements: None, tmp_path: Path) -> None:
     """A controller address inside the slot's subnet stops `up` with the way out. Run in a
     namespace of the test's own, so the controller's network is untouched."""
-    require_testbed()
     ns = "ct200tbtest-clash"
     slot = Slot(15, Settings.from_env())
     subprocess.run(["ip", "netns", "add", ns], check=True)
