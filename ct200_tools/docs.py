@@ -15,7 +15,8 @@ Generated from `ct200_tools/checks/__init__.py` by `make docs`; do not edit by h
 Every check has a stable id, a severity (what a failure counts as: `error` fails the run with
 exit 2, `warning` shows as `warn` and fails only with `--strict`), and on failure a remediation:
 what to do, where (`host`, `container` or `this machine`), the exact command or config line,
-and the playbook tag that applies it (`ansible-playbook playbooks/site.yml --tags TAG`).
+and the playbook tag that applies it
+(`ansible-playbook -i inventory/SITE playbooks/site.yml --tags TAG`).
 A check that cannot read what it needs is `skip` with the reason, never a failure.
 Select with `--only ID` / `--skip ID` (an id or a prefix such as `dev`).
 

@@ -27,7 +27,7 @@ PY=.venv/bin/python
 step "testbed: up (the first run builds the rootfs cache: about a minute)"
 "$PY" -m testbed up
 
-step "ansible-playbook playbooks/site.yml"
+step "ansible-playbook -i inventory/testbed/hosts.yml playbooks/site.yml"
 ansible-playbook -i inventory/testbed/hosts.yml playbooks/site.yml
 
 step "ct200-doctor check, in the ct machine"
