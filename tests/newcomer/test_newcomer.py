@@ -169,3 +169,20 @@ def test_own_site_from_the_example(tmp_path: Path) -> None:
     assert listed.returncode == 0, listed.stderr
     hosts_listed = re.findall(r"^\s+(\S+)$", listed.stdout, re.MULTILINE)
     assert sorted(set(hosts_listed)) == ["ct200-ct", "ct200-pve", "localhost"], listed.stdout
+    # The container play installs from what `make wheelhouse` writes.
+    wheelhouse = subprocess.run(
+        [
+            str(VENV_BIN / "ansible"),
+            *("-i", str(site), "ct200-ct", "-c", "local", "--playbook-dir", "playbooks"),
+            *("-m", "ansible.builtin.debug", "-a", "var=ct200_tools_wheelhouse"),
+        ],
+        cwd=REPO,
+        env=ansible_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert wheelhouse.returncode == 0, wheelhouse.stdout + wheelhouse.stderr
+    path = re.search(r"ct200_tools_wheelhouse: (\S+)", wheelhouse.stdout)
+    assert path, wheelhouse.stdout
+    assert Path(path.group(1)).resolve() == REPO / "dist" / "ct200-tools-wheelhouse.tar"
