@@ -1,25 +1,28 @@
-# Targets: dev (venv + deps), lint, test, docs. The tests need `make dev` first (scripts/setup.sh).
+# Targets: dev (venv + deps), lint, test, docs, wheelhouse. The tests need `make dev` first
+# (scripts/setup.sh).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: dev lint lint-ansible test test-unit test-testbed docs
+.PHONY: dev lint lint-ansible test test-unit test-testbed docs wheelhouse
 
 dev:
 	bash scripts/setup.sh
 
+# Python: ruff over the whole repository (pyproject's config), mypy strict on ct200_tools and
+# the dev-only testbed.
 lint:
-	$(VENV)/bin/ruff check ct200_tools tests benchmarks
-	$(VENV)/bin/ruff format --check ct200_tools tests benchmarks
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-# Ansible: yamllint and ansible-lint (production profile, offline; .ansible-lint), and
-# systemd-analyze verify on the repository's static unit files (failing on any stderr output;
-# the units the roles render are verified on the testbed by tests/testbed).
-ANSIBLE_PATHS := playbooks inventory benchmarks/ansible $(wildcard roles)
+# Ansible: yamllint and ansible-lint (production profile, offline; .ansible-lint) over the whole
+# repository, as a user runs them from its root, and systemd-analyze verify on the repository's
+# static unit files (failing on any stderr output; the units the roles render are verified on the
+# testbed by tests/testbed).
 lint-ansible:
-	$(VENV)/bin/yamllint -s $(ANSIBLE_PATHS) .yamllint .ansible-lint
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/ansible-lint $(ANSIBLE_PATHS)
-	$(PY) -m ct200_tools.testbed verify-units
+	$(VENV)/bin/yamllint -s .
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/ansible-lint
+	$(PY) -m testbed verify-units
 
 test: lint lint-ansible
 	$(PY) -m pytest
@@ -33,3 +36,12 @@ test-unit:
 
 docs:
 	$(PY) -m ct200_tools.docs > docs/checks.md
+
+# The release step: ct200-tools and its dependencies as wheels for the containers' Python, in one
+# tar file that playbooks/container.yml installs from (ct200_tools_wheelhouse). Needs PyPI (or a
+# configured index) for the dependencies. Another target: make wheelhouse WHEELHOUSE_ARGS=
+# "--python-version 3.12 --glibc 2.39" (Ubuntu 24.04).
+WHEELHOUSE ?= dist/ct200-tools-wheelhouse.tar
+WHEELHOUSE_ARGS ?=
+wheelhouse:
+	$(PY) scripts/wheelhouse.py --out $(WHEELHOUSE) $(WHEELHOUSE_ARGS)

@@ -18,7 +18,8 @@ function's docstring; `ct200_tools/checks/__init__.py` gives the order); do not 
 Every check has a stable id, a severity (what a failure counts as: `error` fails the run with
 exit 2, `warning` shows as `warn` and fails only with `--strict`), and on failure a remediation:
 what to do, where (`host`, `container` or `this machine`), the exact command or config line,
-and the playbook tag that applies it (`ansible-playbook playbooks/site.yml --tags TAG`).
+and the playbook tag that applies it
+(`ansible-playbook -i inventory/SITE playbooks/site.yml --tags TAG`).
 A check that cannot read what it needs is `skip` with the reason, never a failure. A check that
 cannot judge because another check fails is `skip` naming that check (`caused_by` in JSON), and
 the run exits 2 even when that check was not selected. A check that itself raises is `error`

@@ -7,7 +7,7 @@
 #   4. `ct200-doctor check` inside the ct machine. The testbed has no GPU, so the doctor reports
 #      failures (exit 2): that is expected here and does not fail this script.
 # Running it again reuses the testbed (and recovers one left by a killed run).
-# Take it down with: .venv/bin/python -m ct200_tools.testbed down
+# Take it down with: .venv/bin/python -m testbed down (from the repository root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,14 +25,14 @@ export PATH="$PWD/.venv/bin:$PATH"
 PY=.venv/bin/python
 
 step "testbed: up (the first run builds the rootfs cache: about a minute)"
-"$PY" -m ct200_tools.testbed up
+"$PY" -m testbed up
 
-step "ansible-playbook playbooks/site.yml"
+step "ansible-playbook -i inventory/testbed/hosts.yml playbooks/site.yml"
 ansible-playbook -i inventory/testbed/hosts.yml playbooks/site.yml
 
 step "ct200-doctor check, in the ct machine"
 set +e
-"$PY" -m ct200_tools.testbed ssh ct -- ct200-doctor check
+"$PY" -m testbed ssh ct -- ct200-doctor check
 rc=$?
 set -e
 case $rc in
@@ -41,17 +41,18 @@ case $rc in
   2) echo "quickstart: doctor: failures, as expected on the testbed (it has no NVIDIA GPU)" ;;
   3) echo "quickstart: doctor: the doctor itself broke (exit 3); see above" ;;
   127) echo "quickstart: doctor: ct200-doctor is not installed in the ct machine (exit 127)" ;;
-  255) echo "quickstart: cannot reach the ct machine over SSH; see \`$PY -m ct200_tools.testbed status\`" >&2
+  255) echo "quickstart: cannot reach the ct machine over SSH; see \`$PY -m testbed status\`" >&2
        exit 1 ;;
   *) echo "quickstart: doctor: exit $rc" ;;
 esac
 
 step "done"
 cat <<EOT
-The testbed stays up:
-  $PY -m ct200_tools.testbed status
-  $PY -m ct200_tools.testbed ssh ct                 # log in
-  ansible-playbook playbooks/site.yml               # converge again (ansible.cfg uses the testbed)
-  make test                                         # lint + all tests (the tests use their own slots)
-  $PY -m ct200_tools.testbed down                   # remove it
+The testbed stays up. In a new shell, from $PWD:
+  . .venv/bin/activate                                    # ct200-doctor, ansible-playbook on PATH
+  python -m testbed status
+  python -m testbed ssh ct                                # log in
+  ansible-playbook -i inventory/testbed/hosts.yml playbooks/site.yml   # converge again
+  make test                                               # lint + all tests (their own slots)
+  python -m testbed down                                  # remove it
 EOT

@@ -26,5 +26,13 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
+# The build backend too (pyproject's build-system.requires): the wheel test and `make wheelhouse`
+# build the ct200-tools wheel with it, without network (--no-build-isolation).
+mapfile -t build_requires < <(.venv/bin/python -c \
+  'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")')
+.venv/bin/python -m pip install -q "${build_requires[@]}"
 .venv/bin/python -m pip install -q -e '.[test,lint,ansible]'
 echo "setup: ok ($(.venv/bin/python --version), venv .venv)"
+# The commands (ct200-doctor, ct200-stage, ansible-playbook, ansible-lint) live in the venv; this
+# script leaves the system's PATH and /usr/local/bin alone.
+echo "setup: to put ct200-doctor and ansible-playbook on your PATH in this shell: . .venv/bin/activate"

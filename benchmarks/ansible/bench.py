@@ -1,8 +1,8 @@
 """Ansible on the testbed: a converged re-run of site.yml against a facts-only play, same machines,
 same run; plus the testbed's warm start (and, with --cold, its cold build).
 
-    sudo .venv/bin/python benchmarks/ansible/bench.py            # ~2 min
-    sudo .venv/bin/python benchmarks/ansible/bench.py --cold     # + a from-scratch rootfs build
+    sudo .venv/bin/python -m benchmarks.ansible.bench            # ~2 min, from the repo root
+    sudo .venv/bin/python -m benchmarks.ansible.bench --cold     # + a from-scratch rootfs build
 
 Uses a free test slot (1..8), so a testbed brought up by hand (slot 0) is left alone, and takes
 it down at the end. Every site.yml re-run is checked to report changed=0 (else the figure would
@@ -23,10 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from ct200_tools.testbed import rootfs
-from ct200_tools.testbed.config import DEFAULT_MACHINES, MachineSpec, Settings
-from ct200_tools.testbed.harness import Harness, claim_test_slot
-from ct200_tools.testbed.system import Runner
+from testbed import rootfs
+from testbed.config import DEFAULT_MACHINES, MachineSpec, Settings
+from testbed.harness import Harness, claim_test_slot
+from testbed.system import Runner
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent

@@ -3,7 +3,8 @@
 The testbed takes a free slot from 1 up (slot 0 is the one people bring up by hand), so a test run
 never touches a testbed someone is using, and two test runs on one machine do not collide.
 Without root or the tools the tests skip with the reason, except under CI (CI=true), where they
-must run: there a missing requirement fails the run instead of silently skipping it.
+must run: there a missing requirement fails the run instead of silently skipping it (the
+``testbed_requirements`` fixture of tests/conftest.py, shared with the benchmarks' smoke tests).
 """
 
 from __future__ import annotations
@@ -12,15 +13,14 @@ import contextlib
 from collections.abc import Iterator
 
 import pytest
-from tbharness import Bed, require_testbed
+from tbharness import Bed
 
-from ct200_tools.testbed.config import DEFAULT_MACHINES, TEST_SLOTS, MachineSpec, Settings
-from ct200_tools.testbed.harness import Harness, claim_test_slot
+from testbed.config import DEFAULT_MACHINES, TEST_SLOTS, MachineSpec, Settings
+from testbed.harness import Harness, claim_test_slot
 
 
 @pytest.fixture(scope="session")
-def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
-    require_testbed()
+def testbed(testbed_requirements: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
     settings = Settings.from_env()
     with contextlib.ExitStack() as stack:
         slot = claim_test_slot(settings, stack)

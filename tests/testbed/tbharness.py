@@ -1,4 +1,5 @@
-"""Helpers of the testbed tests: requirements, ssh and ansible-playbook against a running testbed.
+"""Helpers of the testbed tests: ssh and ansible-playbook against a running testbed,
+and snapshots of what a playbook may change on a machine.
 
 A module of its own (not conftest.py) so test modules can import it by a name no other test
 directory uses.
@@ -14,41 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from ct200_tools.testbed import rootfs
-from ct200_tools.testbed import ssh as tbssh
-from ct200_tools.testbed.config import Settings, Slot
-from ct200_tools.testbed.harness import Harness, UpReport
-from ct200_tools.testbed.system import BUILD_TOOLS, TOOLS, install_hint, missing_tools
+from testbed import ssh as tbssh
+from testbed.config import Slot
+from testbed.harness import Harness, UpReport
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 CALLBACKS = Path(__file__).parent / "callback_plugins"
-
-
-def unmet() -> str | None:
-    """Why the testbed cannot run here, or None."""
-    if os.geteuid() != 0:
-        return "the testbed needs root (network namespaces, mounts, systemd-nspawn)"
-    tools = dict(TOOLS)
-    if not rootfs.is_built(Settings.from_env()):
-        tools.update(BUILD_TOOLS)
-    missing = missing_tools(tools)
-    if missing:
-        return f"missing {', '.join(sorted(missing))}: {install_hint(missing)}"
-    if not (VENV_BIN / "ansible-playbook").exists():
-        return f"ansible-playbook is not installed in {VENV_BIN}: run `bash scripts/setup.sh`"
-    return None
-
-
-def require_testbed() -> None:
-    reason = unmet()
-    if reason is None:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"CI must run the testbed tests, but {reason}", pytrace=False)
-    pytest.skip(reason)
 
 
 @dataclass
@@ -119,3 +92,42 @@ class Bed:
         )
         report = json.loads(report_file.read_text()) if report_file.exists() else {}
         return AnsibleRun(argv, proc.returncode, proc.stdout + proc.stderr, report)
+
+
+#: Lists every file, directory and link under the trees a playbook may change, with mode, owner
+#: and content hash. Ansible's own temp files (/root/.ansible) are left out.
+SNAPSHOT = r"""
+import hashlib, os, stat
+TOPS = ("/etc", "/opt", "/usr/local", "/srv", "/root", "/var/lib/ct200")
+for top in TOPS:
+    for root, dirs, files in os.walk(top):
+        dirs[:] = sorted(d for d in dirs if os.path.join(root, d) != "/root/.ansible")
+        for name in sorted(dirs + files):
+            path = os.path.join(root, name)
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                what = "-> " + os.readlink(path)
+            elif stat.S_ISREG(st.st_mode):
+                with open(path, "rb") as fh:
+                    what = hashlib.sha256(fh.read()).hexdigest()
+            else:
+                what = ""
+            print(path, oct(st.st_mode), st.st_uid, st.st_gid, what)
+"""
+
+
+def snapshot(bed: Bed, name: str) -> dict[str, str]:
+    proc = bed.ssh(name, "python3", "-c", SNAPSHOT)
+    assert proc.returncode == 0, proc.stderr
+    entries = {}
+    for line in proc.stdout.splitlines():
+        path, _, rest = line.partition(" ")
+        entries[path] = rest
+    return entries
+
+
+def diff(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    out = [f"+ {p}" for p in sorted(after.keys() - before.keys())]
+    out += [f"- {p}" for p in sorted(before.keys() - after.keys())]
+    out += [f"~ {p}" for p in sorted(before.keys() & after.keys()) if before[p] != after[p]]
+    return out

@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tbharness import REPO, Bed, require_testbed
+from tbharness import REPO, Bed
 
-from ct200_tools.testbed import cgroups, inventory, network, rootfs, units, wheelhouse
-from ct200_tools.testbed.config import MachineSpec, Settings, Slot
-from ct200_tools.testbed.errors import TestbedError
-from ct200_tools.testbed.harness import Harness, claim_test_slot, slot_lock
-from ct200_tools.testbed.machine import Machine
-from ct200_tools.testbed.system import TOOLS, Runner, require_root, require_tools
+from testbed import cgroups, inventory, network, rootfs, units
+from testbed.config import MachineSpec, Settings, Slot
+from testbed.errors import TestbedError
+from testbed.harness import Harness, claim_test_slot, slot_lock
+from testbed.machine import Machine
+from testbed.system import TOOLS, Runner, require_root, require_tools
 
-CLI = [sys.executable, "-m", "ct200_tools.testbed"]
+CLI = [sys.executable, "-m", "testbed"]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -161,10 +161,9 @@ def test_killed_run_is_recovered_and_teardown_leaves_nothing(
 
 
 @pytest.mark.testbed
-def test_address_in_use_is_reported(tmp_path: Path) -> None:
+def test_address_in_use_is_reported(testbed_requirements: None, tmp_path: Path) -> None:
     """A controller address inside the slot's subnet stops `up` with the way out. Run in a
     namespace of the test's own, so the controller's network is untouched."""
-    require_testbed()
     ns = "ct200tbtest-clash"
     slot = Slot(15, Settings.from_env())
     subprocess.run(["ip", "netns", "add", ns], check=True)
@@ -272,12 +271,6 @@ def test_inventory_keeps_host_key_checking_on(tmp_path: Path) -> None:
     common = data["all"]["vars"]["ansible_ssh_common_args"]
     assert "StrictHostKeyChecking=yes" in common and str(slot.known_hosts) in common
     assert data["all"]["vars"]["ct200_tools_wheelhouse"] == "/w/wheelhouse.tar"
-
-
-def test_wheel_platforms_cover_older_manylinux() -> None:
-    tags = wheelhouse.platforms("x86_64", (2, 36))
-    assert tags[0] == "manylinux_2_36_x86_64"
-    assert {"manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64"} <= set(tags)
 
 
 def test_verify_units_fails_on_any_output(tmp_path: Path) -> None:

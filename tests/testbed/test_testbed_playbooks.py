@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 import yaml
-from tbharness import REPO, AnsibleRun, Bed
+from tbharness import REPO, AnsibleRun, Bed, diff, snapshot
 
-from ct200_tools.testbed import units
-from ct200_tools.testbed.machine import hostname
+from testbed import units
+from testbed.machine import hostname
 
 pytestmark = pytest.mark.testbed
 
@@ -22,44 +22,6 @@ SITE = "playbooks/site.yml"
 MACHINES = ("pve", "ct")
 #: machine -> its inventory name, which the recap uses.
 HOST = {m: hostname(m) for m in MACHINES}
-
-#: Lists every file, directory and link under the trees a playbook may change, with mode, owner
-#: and content hash. Ansible's own temp files (/root/.ansible) are left out.
-SNAPSHOT = r"""
-import hashlib, os, stat
-TOPS = ("/etc", "/opt", "/usr/local", "/srv", "/root", "/var/lib/ct200")
-for top in TOPS:
-    for root, dirs, files in os.walk(top):
-        dirs[:] = sorted(d for d in dirs if os.path.join(root, d) != "/root/.ansible")
-        for name in sorted(dirs + files):
-            path = os.path.join(root, name)
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode):
-                what = "-> " + os.readlink(path)
-            elif stat.S_ISREG(st.st_mode):
-                with open(path, "rb") as fh:
-                    what = hashlib.sha256(fh.read()).hexdigest()
-            else:
-                what = ""
-            print(path, oct(st.st_mode), st.st_uid, st.st_gid, what)
-"""
-
-
-def snapshot(bed: Bed, name: str) -> dict[str, str]:
-    proc = bed.ssh(name, "python3", "-c", SNAPSHOT)
-    assert proc.returncode == 0, proc.stderr
-    entries = {}
-    for line in proc.stdout.splitlines():
-        path, _, rest = line.partition(" ")
-        entries[path] = rest
-    return entries
-
-
-def diff(before: dict[str, str], after: dict[str, str]) -> list[str]:
-    out = [f"+ {p}" for p in sorted(after.keys() - before.keys())]
-    out += [f"- {p}" for p in sorted(before.keys() - after.keys())]
-    out += [f"~ {p}" for p in sorted(before.keys() & after.keys()) if before[p] != after[p]]
-    return out
 
 
 @dataclass

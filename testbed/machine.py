@@ -12,10 +12,10 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ct200_tools.testbed import cgroups, ssh, standins
-from ct200_tools.testbed.config import MachineSpec, Slot
-from ct200_tools.testbed.errors import TestbedError
-from ct200_tools.testbed.system import Runner
+from testbed import cgroups, ssh, standins
+from testbed.config import MachineSpec, Slot
+from testbed.errors import TestbedError
+from testbed.system import Runner
 
 
 @dataclass(frozen=True)

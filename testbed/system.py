@@ -9,7 +9,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from ct200_tools.testbed.errors import TestbedError
+from testbed.errors import TestbedError
 
 Argv = Sequence[str | Path]
 
@@ -82,7 +82,7 @@ def require_root(euid: int | None = None) -> None:
         raise TestbedError(
             "the testbed needs root: it creates network namespaces and mounts and boots "
             "systemd-nspawn machines",
-            fix="run it as root, e.g. `sudo .venv/bin/python -m ct200_tools.testbed up`",
+            fix="run it as root, e.g. `sudo .venv/bin/python -m testbed up`",
         )
 
 

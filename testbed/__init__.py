@@ -7,5 +7,5 @@ generated key and a known_hosts file written here (host-key checking stays on), 
 an inventory written here. Only what cannot exist on such a machine is stood in for (see
 ``standins.py``: pmxcfs and ``pct`` on the ``pve`` machine).
 
-Entry point: ``python -m ct200_tools.testbed up|down|status|ssh NAME``.
+Entry point: ``python -m testbed up|down|status|ssh NAME``.
 """

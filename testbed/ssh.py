@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ct200_tools.testbed.config import SSH_PORT, Slot
-from ct200_tools.testbed.errors import TestbedError
-from ct200_tools.testbed.system import Runner
+from testbed.config import SSH_PORT, Slot
+from testbed.errors import TestbedError
+from testbed.system import Runner
 
 
 def keygen(runner: Runner, path: Path, comment: str) -> str:
@@ -128,5 +128,5 @@ def wait_ready(
         raise TestbedError(
             f"machine {name}: systemd reports {state or 'nothing'} after boot",
             detail=failed,
-            fix=f"inspect it: `python -m ct200_tools.testbed ssh {name} -- journalctl -b`",
+            fix=f"inspect it: `python -m testbed ssh {name} -- journalctl -b`",
         )

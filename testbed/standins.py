@@ -19,10 +19,10 @@ PCT_LOG = "/var/log/ct200-testbed/pct.log"
 
 MACHINE_README = """\
 This is a ct200-tools testbed machine: a throwaway Debian machine booted with systemd-nspawn by
-`python -m ct200_tools.testbed up`, reached over SSH by Ansible exactly like a real one.
+`python -m testbed up`, reached over SSH by Ansible exactly like a real one.
 Stand-ins (pve machine only): /etc/pve is a plain directory (not pmxcfs), /usr/local/sbin/pct
 and /usr/local/sbin/pveversion are stand-ins that record their calls. See
-ct200_tools/testbed/standins.py.
+testbed/standins.py.
 """
 
 PVE_STANDIN_MARKER = """\

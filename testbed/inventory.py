@@ -14,9 +14,9 @@ from pathlib import Path
 
 import yaml
 
-from ct200_tools.testbed import ssh
-from ct200_tools.testbed.config import Slot
-from ct200_tools.testbed.machine import Machine, hostname
+from testbed import ssh
+from testbed.config import Slot
+from testbed.machine import Machine, hostname
 
 #: machine role -> inventory group: the groups the playbooks target, as in inventory/ct200.
 GROUPS = {"pve": "pve", "ct": "ct", "plain": "testbed_plain"}
@@ -37,7 +37,7 @@ def render(slot: Slot, machines: Sequence[Machine], wheelhouse: Path | None) -> 
     if wheelhouse is not None:
         variables["ct200_tools_wheelhouse"] = str(wheelhouse)
     header = (
-        f"# Written by `python -m ct200_tools.testbed up --slot {slot.index}` at "
+        f"# Written by `python -m testbed up --slot {slot.index}` at "
         f"{time.strftime('%Y-%m-%d %H:%M:%S')}; rewritten on every up, removed on down.\n"
     )
     body = {"all": {"vars": variables, "children": groups}}

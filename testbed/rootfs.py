@@ -20,10 +20,10 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from ct200_tools.testbed import standins
-from ct200_tools.testbed.config import PACKAGES, RECIPE_VERSION, SUITE, Settings
-from ct200_tools.testbed.errors import TestbedError
-from ct200_tools.testbed.system import BUILD_TOOLS, Runner, require_tools
+from testbed import standins
+from testbed.config import PACKAGES, RECIPE_VERSION, SUITE, Settings
+from testbed.errors import TestbedError
+from testbed.system import BUILD_TOOLS, Runner, require_tools
 
 KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 COMPLETE = ".ct200-testbed-rootfs"
@@ -101,7 +101,7 @@ def ensure(settings: Settings, runner: Runner, rebuild: bool = False) -> tuple[P
     if rebuild and str(target) in Path("/proc/self/mountinfo").read_text():
         raise TestbedError(
             f"cannot rebuild {target}: running testbed machines use it",
-            fix="`python -m ct200_tools.testbed down --all` first",
+            fix="`python -m testbed down --all` first",
         )
     with _build_lock(settings):
         if is_built(settings) and not rebuild:  # another run built it while we waited

@@ -21,11 +21,11 @@ from typing import IO
 
 import yaml
 
-from ct200_tools.testbed import cgroups, inventory, machine, network, rootfs, ssh, wheelhouse
-from ct200_tools.testbed.config import TEST_SLOTS, MachineSpec, Settings, Slot
-from ct200_tools.testbed.errors import TestbedError
-from ct200_tools.testbed.machine import Machine
-from ct200_tools.testbed.system import Runner, preflight
+from testbed import cgroups, inventory, machine, network, rootfs, ssh, wheelhouse
+from testbed.config import TEST_SLOTS, MachineSpec, Settings, Slot
+from testbed.errors import TestbedError
+from testbed.machine import Machine
+from testbed.system import BUILD_TOOLS, TOOLS, Runner, install_hint, missing_tools, preflight
 
 PROPAGATE_DIR = Path("/run/systemd/nspawn/propagate")
 DEFAULT_VMID = 200
@@ -91,6 +91,21 @@ def claim_test_slot(settings: Settings, stack: contextlib.ExitStack) -> Slot | N
         except TestbedError:
             continue
         return candidate
+    return None
+
+
+def unmet(settings: Settings, ansible_bin: Path) -> str | None:
+    """Why a testbed cannot run here, with Ansible from ``ansible_bin`` against it, or None."""
+    if os.geteuid() != 0:
+        return "the testbed needs root (network namespaces, mounts, systemd-nspawn)"
+    tools = dict(TOOLS)
+    if not rootfs.is_built(settings):
+        tools.update(BUILD_TOOLS)
+    missing = missing_tools(tools)
+    if missing:
+        return f"missing {', '.join(sorted(missing))}: {install_hint(missing)}"
+    if not (ansible_bin / "ansible-playbook").exists():
+        return f"ansible-playbook is not installed in {ansible_bin}: run `bash scripts/setup.sh`"
     return None
 
 

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ct200_tools.testbed.errors import TestbedError
+from testbed.errors import TestbedError
 
-#: The checkout this package runs from (an editable install: the testbed is a developer tool).
-REPO_ROOT = Path(__file__).resolve().parents[2]
+#: The checkout this package runs from (the testbed is a developer tool that never ships).
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 SUITE = "bookworm"
 #: bookworm's python3; the wheelhouse for the machines is downloaded for this version.

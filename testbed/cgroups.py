@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ct200_tools.testbed.errors import TestbedError
+from testbed.errors import TestbedError
 
 
 @dataclass(frozen=True)

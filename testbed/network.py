@@ -12,9 +12,9 @@ import ipaddress
 import json
 from pathlib import Path
 
-from ct200_tools.testbed.config import Slot
-from ct200_tools.testbed.errors import TestbedError
-from ct200_tools.testbed.system import Runner
+from testbed.config import Slot
+from testbed.errors import TestbedError
+from testbed.system import Runner
 
 NETNS_DIR = Path("/run/netns")
 
@@ -53,7 +53,7 @@ def check_free(runner: Runner, slot: Slot) -> None:
             f"the testbed's subnet {slot.subnet} (slot {slot.index}) is already in use on this "
             "machine",
             detail="\n".join(clash),
-            fix=f"pick a free range: `CT200_TESTBED_NET={nxt} python -m ct200_tools.testbed up`, "
+            fix=f"pick a free range: `CT200_TESTBED_NET={nxt} python -m testbed up`, "
             "or another slot with --slot",
         )
 
@@ -75,7 +75,7 @@ def create_bridge(runner: Runner, slot: Slot) -> None:
         raise TestbedError(
             f"network interface {slot.bridge} already exists",
             fix=f"it is a leftover of slot {slot.index}: "
-            f"`python -m ct200_tools.testbed down --slot {slot.index}`",
+            f"`python -m testbed down --slot {slot.index}`",
         )
     runner.run(["ip", "link", "add", slot.bridge, "type", "bridge"])
     runner.run(["ip", "link", "set", "dev", slot.bridge, "addrgenmode", "none"])

@@ -1,4 +1,4 @@
-"""``python -m ct200_tools.testbed``: parse options, call the harness, print, set the exit code."""
+"""``python -m testbed``: parse options, call the harness, print, set the exit code."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from typing import Any
 
 import click
 
-from ct200_tools.testbed import rootfs, ssh, units, wheelhouse
-from ct200_tools.testbed.config import DEFAULT_MACHINES, MAX_SLOTS, MachineSpec, Settings, Slot
-from ct200_tools.testbed.errors import TestbedError
-from ct200_tools.testbed.harness import Harness, Status, slot_lock
-from ct200_tools.testbed.system import Runner, require_root
+from testbed import rootfs, ssh, units, wheelhouse
+from testbed.config import DEFAULT_MACHINES, MAX_SLOTS, MachineSpec, Settings, Slot
+from testbed.errors import TestbedError
+from testbed.harness import Harness, Status, slot_lock
+from testbed.system import Runner, require_root
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -26,12 +26,12 @@ EXIT_LEFTOVER = 4
 
 EPILOG = """\b
 Examples:
-  python -m ct200_tools.testbed up          # pve + ct in slot 0: inventory/testbed/hosts.yml
-  ansible-playbook playbooks/site.yml       # ansible.cfg points at that inventory
-  python -m ct200_tools.testbed ssh ct -- systemctl is-system-running
-  python -m ct200_tools.testbed status --all
-  python -m ct200_tools.testbed down        # idempotent; also clears a killed run's leftovers
-"""
+  python -m testbed up      # pve + ct in slot 0: inventory/testbed/hosts.yml
+  ansible-playbook -i inventory/testbed/hosts.yml playbooks/site.yml
+  python -m testbed ssh ct -- systemctl is-system-running
+  python -m testbed status --all
+  python -m testbed down    # idempotent; also clears a killed run's leftovers
+Run it from the repository root (testbed/ is not installed: it never ships)."""
 
 slot_option = click.option(
     "--slot",
@@ -126,7 +126,7 @@ def up(
         click.echo(
             f"inventory: {inv}\n"
             f"run:       ansible-playbook -i {inv} playbooks/site.yml\n"
-            f"login:     python -m ct200_tools.testbed ssh{slot_arg} NAME"
+            f"login:     python -m testbed ssh{slot_arg} NAME"
         )
         return EXIT_OK
 
@@ -169,8 +169,7 @@ def _print_status(st: Status) -> None:
     if st.state == "leftover":
         click.echo("  leftovers: " + ", ".join(st.leftovers))
         click.echo(
-            f"  fix: `python -m ct200_tools.testbed down --slot {st.slot}`, or `up`, "
-            "which clears them first"
+            f"  fix: `python -m testbed down --slot {st.slot}`, or `up`, which clears them first"
         )
 
 
@@ -215,7 +214,7 @@ def ssh_cmd(ctx: click.Context, slot: int, name: str, command: tuple[str, ...]) 
             raise TestbedError(
                 f"no machine {name!r} in slot {slot}"
                 + (f" (there are: {', '.join(found)})" if found else " (the slot is down)"),
-                fix="`python -m ct200_tools.testbed up` first" if not found else "",
+                fix="`python -m testbed up` first" if not found else "",
             )
         args = ssh.argv(h.slot, found[name].address, command, tty=None if not command else False)
         sys.stdout.flush()

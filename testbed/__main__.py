@@ -1,0 +1,5 @@
+"""``python -m testbed``."""
+
+from testbed.cli import main
+
+main()

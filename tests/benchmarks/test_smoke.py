@@ -1,0 +1,129 @@
+"""Every benchmark's one-line command, run at a tiny size, so that a refactor cannot break one
+unnoticed. The figures of a smoke run mean nothing; what is checked is that each command runs to
+the end and writes a complete report of the right shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=570,
+        check=False,
+    )
+
+
+@pytest.fixture
+def shm_dst() -> Iterator[Path]:
+    """A destination on tmpfs, as the staging benchmark's default, of this test's own."""
+    dst = Path("/dev/shm") / f"ct200-bench-smoke-{uuid.uuid4().hex[:8]}"
+    yield dst
+    shutil.rmtree(dst, ignore_errors=True)
+
+
+def test_stage_benchmark(tmp_path: Path, shm_dst: Path) -> None:
+    """benchmarks/stage/run.sh: every contender on 4 MiB in 1 MiB shards, one round."""
+    out, data = tmp_path / "out", tmp_path / "data"
+    proc = run(
+        [
+            "bash",
+            "benchmarks/stage/run.sh",
+            "--out",
+            str(out),
+            "--size",
+            "4M",
+            "--shard-size",
+            "1M",
+            "--rounds",
+            "1",
+            "--data",
+            str(data),
+            "--dst",
+            str(shm_dst),
+            "--remove-data",
+        ],
+        env={"PYTHON": sys.executable},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((out / "results.json").read_text())
+    assert report["schema_version"] == 1
+    assert report["rounds"] == 1
+    # 4 shards of 1 MiB, and the small JSON files of a checkpoint (index, config, tokenizer).
+    assert 4 << 20 <= report["bytes"] < 5 << 20 and report["files"] == 7, report
+    ran = set(report["mb_per_s"])
+    assert {"ct200-stage", "ct200-stage-direct", "cp", "cat-parallel", "write-parallel"} <= ran
+    assert ran | set(report["skipped"]) >= {"rsync"}
+    assert all(v["median"] > 0 and len(v["runs"]) == 1 for v in report["mb_per_s"].values())
+    assert {"ct200-stage/cp", "ct200-stage/cat-parallel"} <= set(report["ratios"])
+    assert report["machine"]["dst_fs"] == "tmpfs"
+    text = (out / "results.txt").read_text()
+    assert text.startswith("ct200-stage benchmark:") and "reproduce:" in text
+    assert (out / "manifest.json").is_file()
+    assert not data.exists(), "--remove-data left the generated data"
+    assert not shm_dst.exists(), "the benchmark left its destination behind"
+
+
+def test_doctor_benchmark(tmp_path: Path) -> None:
+    """benchmarks/doctor/run.py: the doctor against its cuInit floor, two rounds. Without a GPU
+    (here) it times the doctor alone and says so; it fails if the doctor broke."""
+    proc = run(
+        [
+            sys.executable,
+            "benchmarks/doctor/run.py",
+            "--spec",
+            "benchmarks/doctor/h200-site.yml",
+            "--runs",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "doctor.json").read_text())
+    rows = {r["command"]: r for r in report["rows"]}
+    assert rows["ct200-doctor check"]["median_s"] > 0
+    assert set(report["doctor_exit_codes"]) <= {0, 1, 2}
+    assert {p["name"] for p in report["probes"]} >= {"cuda", "nvml", "pci", "devices"}
+    text = (tmp_path / "doctor.txt").read_text()
+    if report["gpu"]:
+        assert rows["bare cuInit (python -c ctypes)"]["vs_cuinit"] == 1.0
+    else:
+        assert set(rows) == {"ct200-doctor check"}
+        assert rows["ct200-doctor check"]["vs_cuinit"] is None
+        assert "no GPU here" in text and "no GPU here" in proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.testbed
+def test_ansible_benchmark(testbed_requirements: None) -> None:
+    """benchmarks/ansible: one warm start, the first converge, one re-run of each play, on a
+    test slot of its own (booted and taken down by the benchmark)."""
+    proc = run(
+        [sys.executable, "-m", "benchmarks.ansible.bench", "--reps", "1", "--starts", "1", "--json"]
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # The figures are the last thing it prints: one JSON object (the harness may print before).
+    figures = json.loads(proc.stdout[proc.stdout.rfind("\n{\n") + 1 :])
+    for key in ("warm_start_s", "warm_boot_s", "site_rerun_s", "facts_only_s"):
+        assert figures[key]["median"] > 0, figures
+    assert figures["first_converge_s"] > 0
+    assert figures["ratio_site_rerun_to_facts"] > 0
+    assert figures["site_rerun_without_pipelining_controlpersist_s"]["median"] > 0
