@@ -22,6 +22,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -201,6 +202,7 @@ def measure(binary: Path, workdir: Path, runs: int = 3) -> dict[str, Any]:
 
     model = tiny_gguf.write(workdir / "tiny.gguf")
     ready, first, tok_s, server_tok_s = [], [], [], []
+    concurrent: dict[str, float] = {}
     for run in range(runs):
         config = ServeConfig(model=model, port=free_port())
         with running(config, binary, workdir / f"server-{run}.log") as server:
@@ -214,6 +216,8 @@ def measure(binary: Path, workdir: Path, runs: int = 3) -> dict[str, Any]:
             tokens = int(body["usage"]["completion_tokens"])
             tok_s.append(tokens / (time.monotonic() - sent))
             server_tok_s.append(float(body["timings"]["predicted_per_second"]))
+            if run == runs - 1:
+                concurrent = _concurrent(server, config.parallel, request)
     return {
         "runs": runs,
         "model_bytes": model.stat().st_size,
@@ -221,6 +225,34 @@ def measure(binary: Path, workdir: Path, runs: int = 3) -> dict[str, Any]:
         "start_to_first_completion_s": round(statistics.median(first), 3),
         "completion_64_tokens_per_s_client": round(statistics.median(tok_s), 1),
         "completion_64_tokens_per_s_server": round(statistics.median(server_tok_s), 1),
+        **concurrent,
+    }
+
+
+def metric(base: str, name: str) -> float:
+    """One sample of /metrics (a counter or gauge without labels)."""
+    _, body = http_get(base + "/metrics")
+    for line in body.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise ServerError(f"{name} is not in {base}/metrics (was it started with --metrics?)")
+
+
+def _concurrent(server: Server, streams: int, request: dict[str, Any]) -> dict[str, float]:
+    """One request per slot at once. Decode calls show the batching: one per token of each
+    stream when served one after another, one per token of the longest when fully parallel."""
+    decodes = metric(server.base, "llamacpp:n_decode_total")
+    sent = time.monotonic()
+    with ThreadPoolExecutor(streams) as pool:
+        bodies = list(
+            pool.map(lambda _: complete(server.base, "/v1/completions", request), range(streams))
+        )
+    wall = time.monotonic() - sent
+    tokens = sum(int(b["usage"]["completion_tokens"]) for b in bodies)
+    return {
+        f"concurrent_{streams}x64_tokens_per_s": round(tokens / wall, 1),
+        f"concurrent_{streams}x64_decode_calls": metric(server.base, "llamacpp:n_decode_total")
+        - decodes,
     }
 
 

@@ -45,7 +45,10 @@ def llama_binary() -> Path:
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the llama tests, but {reason}", pytrace=False)
         pytest.skip(reason)
-    built = llama_build.ensure()
+    try:
+        built = llama_build.ensure()
+    except llama_build.BuildError as exc:
+        pytest.fail(f"llama-server did not build: {exc}", pytrace=False)
     if built.build_s:
         print(f"\nllama-server: built {built.binary} in {built.build_s:.0f} s")
     return built.binary

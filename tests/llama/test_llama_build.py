@@ -167,10 +167,11 @@ def test_the_build_key_follows_the_flags(monkeypatch: pytest.MonkeyPatch) -> Non
     assert llama_build.build_key() != key
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "testbed.llama_server", *args],
         cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
         timeout=120,
@@ -190,4 +191,27 @@ def test_cli_serve_rejects_a_missing_model(llama_binary: Path, tmp_path: Path) -
     proc = _cli("serve", "--model", str(tmp_path / "none.gguf"))
     assert proc.returncode == 2
     assert f"--model {tmp_path / 'none.gguf'}: no such file" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_build_without_the_tools_names_the_packages(tmp_path: Path) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    proc = _cli("build", env={"CT200_TESTBED_CACHE": str(tmp_path), "PATH": str(empty)})
+    assert proc.returncode == 2, proc.stderr
+    assert "missing c++, cmake, make" in proc.stderr
+    assert "apt-get install -y cmake g++ make" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == [empty]  # nothing made before the error
+
+
+def test_cli_build_into_an_unusable_cache_says_how_to_move_it(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    proc = _cli("build", env={"CT200_TESTBED_CACHE": str(blocker)})
+    if llama_build.missing_tools():
+        pytest.skip("the build tools are missing; the test above covers that error")
+    assert proc.returncode == 2, proc.stderr
+    assert f"cannot create the build cache {blocker}/llama-server" in proc.stderr
+    assert "set CT200_TESTBED_CACHE to a writable directory" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from testbed import llama_build, tiny_gguf
-from testbed.llama_server import DEFAULT_ALIAS, Server, complete, http_get, stream
+from testbed.llama_server import DEFAULT_ALIAS, Server, complete, http_get, metric, stream
 
 from .conftest import CTX, PARALLEL
 
@@ -24,15 +24,6 @@ PRINTABLE = {" ", *tiny_gguf.CHARS[1:]}
 
 def _text_ok(text: str) -> bool:
     return set(text) <= PRINTABLE
-
-
-def _metric(server: Server, name: str) -> float:
-    code, body = http_get(server.base + "/metrics")
-    assert code == 200, body
-    for line in body.decode().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} not in /metrics:\n{body.decode()}")
 
 
 def test_health_answers_200_once_loaded(server: Server) -> None:
@@ -83,25 +74,30 @@ def test_chat_completion_runs_to_max_tokens(server: Server, max_tokens: int) -> 
 
 
 def test_four_concurrent_streams_all_complete(server: Server) -> None:
+    """Two chat and two plain completion streams at once, one per slot."""
     max_tokens = 64
     start = threading.Barrier(PARALLEL)
 
     def one(index: int) -> list[dict[str, Any]]:
-        start.wait()
-        request = {
+        request: dict[str, Any] = {
             "model": DEFAULT_ALIAS,
-            "messages": [{"role": "user", "content": f"Stream {index}, please."}],
             "max_tokens": max_tokens,
             "seed": index,
             "stream_options": {"include_usage": True},
         }
-        return stream(server.base, "/v1/chat/completions", request)
+        start.wait()
+        if index % 2:
+            return stream(server.base, "/v1/completions", {**request, "prompt": f"Stream {index}"})
+        messages = [{"role": "user", "content": f"Stream {index}, please."}]
+        return stream(server.base, "/v1/chat/completions", {**request, "messages": messages})
 
     with ThreadPoolExecutor(PARALLEL) as pool:
         results = list(pool.map(one, range(PARALLEL)))
     for events in results:
         choices = [c for e in events for c in e["choices"]]
-        text = "".join(c["delta"].get("content") or "" for c in choices)
+        text = "".join(
+            c.get("text") or (c.get("delta") or {}).get("content") or "" for c in choices
+        )
         assert [c["finish_reason"] for c in choices if c.get("finish_reason")] == ["length"]
         assert events[-1]["usage"]["completion_tokens"] == max_tokens, events[-1]
         # One character per token: every token streamed as text, none swallowed.
@@ -109,7 +105,10 @@ def test_four_concurrent_streams_all_complete(server: Server) -> None:
 
 
 def test_metrics_count_the_predicted_tokens(server: Server) -> None:
-    before = _metric(server, "llamacpp:tokens_predicted_total")
+    code, body = http_get(server.base + "/metrics")
+    assert code == 200, body
+    assert "# TYPE llamacpp:tokens_predicted_total counter" in body.decode()
+    before = metric(server.base, "llamacpp:tokens_predicted_total")
     request = {"model": DEFAULT_ALIAS, "prompt": "Count", "max_tokens": 9}
     complete(server.base, "/v1/completions", request)
-    assert _metric(server, "llamacpp:tokens_predicted_total") - before == 9
+    assert metric(server.base, "llamacpp:tokens_predicted_total") - before == 9
