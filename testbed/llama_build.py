@@ -45,7 +45,8 @@ CMAKE_FLAGS = (
     "-DGGML_NATIVE=OFF",
     # libgomp is not in the testbed's rootfs; ggml's own thread pool serves the CPU backend.
     "-DGGML_OPENMP=OFF",
-    # No downloads at build or run time: no libcurl/OpenSSL (model download, HTTPS) and no
+    # No downloads at build or run time: no HTTPS client (model download; OpenSSL in this tree,
+    # libcurl in older ones: LLAMA_CURL is ignored here, kept for a version change) and no
     # prebuilt web UI, which the build would otherwise fetch and fail on offline.
     "-DLLAMA_CURL=OFF",
     "-DLLAMA_OPENSSL=OFF",
