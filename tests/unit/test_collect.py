@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,7 +31,7 @@ def no_prestart(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def release() -> Iterator[threading.Event]:
-    """Set at teardown so a "hung" probe thread ends instead of lingering for its 5 s."""
+    """Set at teardown so a "hung" probe thread ends instead of lingering."""
     event = threading.Event()
     yield event
     event.set()
@@ -74,12 +73,14 @@ def test_collect_hung_probe_times_out(
     no_prestart: None,
 ) -> None:
     quick = Probe("kernel", lambda r, s: probe_kernel(r))
-    stuck = Probe("pci", lambda r, s: release.wait(5))
+    # The stuck probe waits for an hour: collect() returning at all, with the probe still
+    # stuck, is the proof that the deadline cut it off (no wall-clock bound to break on a busy
+    # machine; pytest-timeout catches a collect() that waits).
+    stuck = Probe("pci", lambda r, s: release.wait(3600))
     monkeypatch.setattr(probes_pkg, "PROBES", (quick, stuck))
-    t0 = time.monotonic()
     got = collect(reader=Reader(root=tmp_path), timeout_s=0.5, cuda=False)
-    elapsed = time.monotonic() - t0
-    assert elapsed < 1.5
+    assert not release.is_set()
+    assert "probe-pci" in {t.name for t in threading.enumerate() if t.is_alive()}
     run = {p.name: p for p in got.probes}
     assert run["kernel"].outcome == "ok"
     assert run["pci"].outcome == "timeout"
@@ -87,7 +88,7 @@ def test_collect_hung_probe_times_out(
     assert "pci" in (run["pci"].error or "")
     assert got.unreadable["pci"] == run["pci"].error
     assert got.pci is None and got.kernel is not None
-    assert 0.4 <= run["pci"].duration_s < 1.5
+    assert run["pci"].duration_s >= 0.4
 
 
 def test_collect_raising_probe_is_recorded(
@@ -110,11 +111,10 @@ def test_collect_raising_probe_is_recorded(
 def test_collect_cuda_child_timeout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_prestart: None
 ) -> None:
-    monkeypatch.setattr(warmup, "CUDA_CHILD", "import time\ntime.sleep(5)\n")
+    # A child that sleeps for an hour: collect() returns only by killing it at the deadline.
+    monkeypatch.setattr(warmup, "CUDA_CHILD", "import time\ntime.sleep(3600)\n")
     monkeypatch.setattr(probes_pkg, "PROBES", ())
-    t0 = time.monotonic()
     got = collect(reader=Reader(root=tmp_path), timeout_s=0.5)
-    assert time.monotonic() - t0 < 1.5
     assert got.cuda is not None
     assert got.cuda.timed_out is True
     assert got.cuda.code is None
