@@ -90,13 +90,15 @@ def run_checks(
     own that leads elsewhere). A skip's caused_by names the failing check at the end of its
     chain, or is dropped when no check in the chain fails (then the skip is only a skip).
     Roots are judged here even when they were not selected."""
+    checks = tuple(checks)
     ctx = Context(facts, spec)
+    units = {**BY_ID, **{c.id: c for c in checks}}
     judged: dict[str, Finding] = {}
     linked: dict[str, Finding] = {}
 
     def judge(cid: str) -> Finding:
         if cid not in judged:
-            judged[cid] = run_check(BY_ID[cid], ctx)
+            judged[cid] = run_check(units[cid], ctx)
         return judged[cid]
 
     def link(cid: str, seen: frozenset[str]) -> Finding:
@@ -110,7 +112,7 @@ def run_checks(
                 cause,
             )
         root = None
-        if cause is not None and cause in BY_ID and cause not in seen:
+        if cause is not None and cause in units and cause not in seen:
             g = link(cause, seen | {cid})
             if g.status in ("fail", "error"):
                 root = g.caused_by or g.id

@@ -159,8 +159,7 @@ def check(
 
 #: Said once, in the report's header, when checks that need the spec skipped without one.
 NO_SPEC_FIX = (
-    "pass --spec FILE or an inventory dir, or install /etc/ct200/site.yml (playbooks/site.yml "
-    "does)"
+    "pass --spec FILE or an inventory dir, or install /etc/ct200/site.yml (playbooks/site.yml does)"
 )
 #: The skip of each needs-spec check without one: short, since the header says how to fix it.
 NEEDS_SPEC = "needs the site spec"

@@ -84,9 +84,9 @@ def _no_gpu_on_bus(ctx: Context) -> bool:
 
 def _versions_differ(ctx: Context) -> bool:
     k, n = ctx.facts.kernel, ctx.facts.nvml
-    return bool(
-        k and n and k.nvidia_module_version and n.driver_version
-    ) and k.nvidia_module_version != (n.driver_version if n else None)
+    module = k.nvidia_module_version if k else None
+    user = n.driver_version if n else None
+    return bool(module and user) and module != user
 
 
 _MISSING = ("missing", "not_char")
@@ -149,7 +149,7 @@ CAUSES: tuple[Cause, ...] = (
     Cause(
         "driver.nvml",
         "dev.open",
-        "NVML failed (its library loaded; e.g. nvmlInit's \"Unknown Error\") and /dev/nvidiactl "
+        'NVML failed (its library loaded; e.g. nvmlInit\'s "Unknown Error") and /dev/nvidiactl '
         "or a /dev/nvidiaN cannot be opened",
         _both(_nvml_failed_on_nodes, _nodes(_OPEN, nvml_only=True)),
     ),

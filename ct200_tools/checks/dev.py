@@ -311,7 +311,9 @@ def check_nodes_present(ctx: Context) -> Outcome:
 
 
 def uvm_module_fix(ctx: Context) -> Remedy:
-    restart = f", then pct reboot {_vmid(ctx)} so the container gets them" if ctx.in_container else ""
+    restart = (
+        f", then pct reboot {_vmid(ctx)} so the container gets them" if ctx.in_container else ""
+    )
     return Remedy(
         "load nvidia_uvm and create its nodes, and persist it in /etc/modules-load.d/nvidia.conf"
         + restart,

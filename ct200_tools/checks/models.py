@@ -88,7 +88,8 @@ def check_staged(ctx: Context) -> Outcome:
     if not models:
         return skipped("no enabled server needs a model")
     if ctx.facts.models is None:
-        return skipped("models not probed", ctx.unreadable("models") or "")
+        why = ctx.facts.unreadable.get("models")
+        return skipped(f"models not probed: {why}" if why else "models not probed")
     if not ctx.facts.models:
         return skipped(
             f"the facts hold no model, so {', '.join(m.name for m in models)} cannot be judged: "
@@ -117,4 +118,6 @@ def check_staged(ctx: Context) -> Outcome:
         )
     if s.unknown:
         return skipped(f"cannot tell whether {', '.join(s.unknown)} is staged", *s.evidence)
-    return passed(f"{plural(len(models), 'model')} staged and matching their manifests", *s.evidence)
+    return passed(
+        f"{plural(len(models), 'model')} staged and matching their manifests", *s.evidence
+    )
