@@ -326,7 +326,7 @@ def _loads_or_format_error(text: str) -> Facts | None:
         return None
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 @given(JSON)
 def test_loads_arbitrary_json_raises_only_format_error(data: Any) -> None:
     _loads_or_format_error(json.dumps(data))
@@ -344,14 +344,14 @@ DOC_JSON = st.recursive(
 )
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(FIELD_NAMES), DOC_JSON, max_size=8))
 def test_loads_versioned_garbage_raises_only_format_error(body: dict[str, Any]) -> None:
     body["schema_version"] = SCHEMA_VERSION
     _loads_or_format_error(json.dumps(body))
 
 
-@settings(max_examples=100)
+@settings(max_examples=100, deadline=None)
 @given(st.data())
 def test_loads_mutated_fixture_raises_only_format_error(data: st.DataObject) -> None:
     """Replace one value anywhere in the healthy fixture with arbitrary JSON."""
@@ -413,7 +413,7 @@ def explain_nulls(facts: Facts) -> Facts:
     return dataclasses.replace(facts, unreadable={**facts.unreadable, **why})
 
 
-@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(facts_of(Facts, schema_version=st.just(SCHEMA_VERSION)).map(explain_nulls))
 def test_generated_facts_round_trip(facts: Facts) -> None:
     assert loads(dumps(facts)) == facts
