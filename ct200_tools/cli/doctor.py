@@ -286,11 +286,10 @@ def list_checks(as_json: bool) -> None:
             }
             for c in CHECKS
         ]
-        click.echo(json.dumps(rows, indent=2))
+        _emit(json.dumps(rows, indent=2) + "\n")
         return
     width = max(len(c.id) for c in CHECKS)
-    for c in CHECKS:
-        click.echo(f"{c.id:<{width}}  {c.severity:<7}  {c.title}")
+    _emit("".join(f"{c.id:<{width}}  {c.severity:<7}  {c.title}\n" for c in CHECKS))
 
 
 def _probe(spec: SiteSpec | None, timeout: float | None, deep: bool = False) -> Facts:

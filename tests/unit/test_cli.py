@@ -119,6 +119,7 @@ def test_prometheus_textfile(tmp_path: Path) -> None:
     assert 'ct200_doctor_check{check="gpu.cuda_init",severity="error",status="fail"} 1' in lines
     assert 'ct200_doctor_check{check="gpu.cuda_init",severity="error",status="pass"} 0' in lines
     assert "ct200_doctor_exit_code 2" in lines
+    assert "ct200_doctor_root_causes 2" in lines  # dev.open, models.staged
     assert list(tmp_path.iterdir()) == [out]  # no temporary file left behind
 
 
@@ -482,6 +483,26 @@ def test_a_reader_leaving_early_keeps_the_exit_code() -> None:
                 os.close(write)
             assert r.returncode == want, (facts, fmt, r.stderr)
             assert r.stderr == "", r.stderr
+
+
+def test_list_checks_into_a_closed_pipe_exits_0() -> None:
+    import os  # noqa: PLC0415
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "ct200_tools.cli.entry", "list-checks"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+            timeout=60,
+            cwd=ROOT,
+        )
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (0, "")
 
 
 def test_a_closed_stdout_keeps_the_exit_code_and_says_so() -> None:
