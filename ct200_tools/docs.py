@@ -8,6 +8,18 @@ from __future__ import annotations
 
 from ct200_tools.checks import CHECKS
 from ct200_tools.checks.base import Check
+from ct200_tools.checks.causes import CAUSES
+
+CAUSES_HEADER = """\
+## Root causes
+
+One fault fails several checks; only one of them is its cause. A failing check (the effect) is
+linked to a failing root when the facts show the link, by the first matching rule of this table
+(`ct200_tools/checks/causes.py`); chains are followed to their end.
+
+| effect | root | when |
+|---|---|---|
+"""
 
 HEADER = """\
 # ct200-doctor checks
@@ -22,7 +34,10 @@ and the playbook tag that applies it
 (`ansible-playbook -i inventory/SITE playbooks/site.yml --tags TAG`).
 A check that cannot read what it needs is `skip` with the reason, never a failure. A check that
 cannot judge because another check fails is `skip` naming that check (`caused_by` in JSON), and
-the run exits 2 even when that check was not selected. A check that itself raises is `error`
+the run exits 2 even when that check was not selected. A check that fails because another one
+fails is a consequence (see "Root causes" below): `caused_by` names the root, its remediation
+is the root's, the text view shows it indented under the root, and the summary counts root
+causes. A check that itself raises is `error`
 (a doctor bug) and the run exits 3. A run in which every selected check skipped exits 2.
 Select with `--only ID` / `--skip ID` (an id or a prefix such as `dev`); a selection that
 leaves no check is a usage error (exit 2).
@@ -47,7 +62,17 @@ def render() -> str:
         for c in CHECKS
     ]
     sections = [_section(c) for c in CHECKS]
-    return HEADER + "\n".join(rows) + "\n\n" + "\n".join(sections)
+    causes = [f"| `{c.effect}` | `{c.root}` | {c.when} |" for c in CAUSES]
+    return (
+        HEADER
+        + "\n".join(rows)
+        + "\n\n"
+        + "\n".join(sections)
+        + "\n"
+        + CAUSES_HEADER
+        + "\n".join(causes)
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

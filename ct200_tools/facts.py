@@ -7,8 +7,11 @@ Anything a probe could not read is None in its field and explained in `Facts.unr
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import json
+import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -316,12 +319,106 @@ def dumps(facts: Facts) -> str:
     return json.dumps(to_jsonable(facts), indent=2, sort_keys=False) + "\n"
 
 
+#: A snapshot is tens of KB; anything past this is not one (and `--facts /dev/zero` must end).
+MAX_FACTS_BYTES = 64 * 2**20
+#: No fact needs more digits (byte counts fit in 20); Python itself refuses past 4300, without
+#: saying where.
+MAX_INT_DIGITS = 24
+#: The sections the probes fill. Null only where `unreadable` says why (the probe records it):
+#: a silent null would make every check of that section skip, and the run look clean.
+SECTIONS = ("kernel", "devices", "pci", "nvml", "cuda", "memory", "models")
+_CONVERT = "facts files are UTF-8, as `ct200-doctor snapshot` writes them"
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "UTF-32LE"),
+    (codecs.BOM_UTF32_BE, "UTF-32BE"),
+    (codecs.BOM_UTF16_LE, "UTF-16LE"),
+    (codecs.BOM_UTF16_BE, "UTF-16BE"),
+)
+
+
+def read_file(path: str | os.PathLike[str]) -> Facts:
+    """Read and parse a facts file, at most MAX_FACTS_BYTES of it. OSError when it cannot be
+    read; FactsFormatError, naming the encoding or the line, when it is not a facts document."""
+    with open(path, "rb") as fh:
+        data = fh.read(MAX_FACTS_BYTES + 1)
+    if len(data) > MAX_FACTS_BYTES:
+        raise FactsFormatError(
+            f"larger than {MAX_FACTS_BYTES >> 20} MiB: not a facts snapshot (one is tens of KB)"
+        )
+    return loads(decode(data))
+
+
+def decode(data: bytes) -> str:
+    """UTF-8 (a UTF-8 byte-order mark is allowed); anything else is named, with where it shows."""
+    for bom, name in _BOMS:
+        if data.startswith(bom):
+            raise FactsFormatError(
+                f"encoded as {name} (byte-order mark at the start); {_CONVERT}: "
+                f"convert it with iconv -f {name} -t UTF-8"
+            )
+    nul = data.find(b"\0")
+    if nul >= 0:
+        guess = " (UTF-16 or UTF-32 without a byte-order mark?)" if nul < 4 else ""
+        raise FactsFormatError(
+            f"a NUL byte at {_where(data, nul)}{guess}: not a text file; {_CONVERT}"
+        )
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise FactsFormatError(
+            f"not UTF-8: byte 0x{data[exc.start]:02x} at {_where(data, exc.start)} (Latin-1 or "
+            f"another 8-bit encoding?); {_CONVERT}: convert it with iconv -f LATIN1 -t UTF-8"
+        ) from None
+
+
+def _where(data: bytes | str, pos: int) -> str:
+    nl = b"\n" if isinstance(data, bytes) else "\n"
+    line = data.count(nl, 0, pos) + 1  # type: ignore[arg-type]
+    column = pos - (data.rfind(nl, 0, pos) + 1) + 1  # type: ignore[arg-type]
+    return f"line {line}, column {column}"
+
+
+class _BadNumber(ValueError):
+    def __init__(self, text: str, what: str, why: str) -> None:
+        super().__init__(text)
+        self.text, self.what, self.why = text, what, why
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise _BadNumber(
+            text, f"an integer of {digits} digits", f"no fact has more than {MAX_INT_DIGITS}"
+        )
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _BadNumber(text, text[:40], "too large for any fact")
+    return value
+
+
+def _parse_constant(text: str) -> Any:
+    raise _BadNumber(text, text, "not a number JSON allows, nor any fact")
+
+
 def loads(text: str) -> Facts:
     """Parse a facts document; FactsFormatError names what is wrong and what to do."""
     try:
-        data = json.loads(text)
+        data = json.loads(
+            text,
+            parse_int=_parse_int,
+            parse_float=_parse_float,
+            parse_constant=_parse_constant,
+        )
     except json.JSONDecodeError as exc:
         raise FactsFormatError(f"not JSON ({exc})") from None
+    except _BadNumber as exc:
+        pos = text.find(exc.text)
+        where = f" at {_where(text, pos)}" if pos >= 0 else ""
+        raise FactsFormatError(f"{exc.what}{where}: {exc.why}") from None
     except RecursionError:
         raise FactsFormatError("nested too deeply to be a facts document") from None
     if not isinstance(data, dict) or "schema_version" not in data:
@@ -336,6 +433,14 @@ def loads(text: str) -> Facts:
         facts: Facts = _build(Facts, data, "facts")
     except (TypeError, ValueError, KeyError, RecursionError) as exc:
         raise FactsFormatError(str(exc) or type(exc).__name__) from None
+    for name in SECTIONS:
+        if getattr(facts, name) is None and name not in facts.unreadable:
+            state = "null" if name in data else "missing"
+            raise FactsFormatError(
+                f"facts.{name} is {state} and facts.unreadable.{name} does not say why: a "
+                "snapshot records why a probe could not read a section; take it again with "
+                "`ct200-doctor snapshot`"
+            )
     return facts
 
 

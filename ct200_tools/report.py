@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from ct200_tools import __version__
-from ct200_tools.checks.base import STATUSES, Finding
+from ct200_tools.checks.base import NEEDS_SPEC, NO_SPEC_FIX, STATUSES, Finding, plural
 from ct200_tools.facts import Facts, to_jsonable
 
 #: Version of the --json document; bump when a field changes meaning or disappears.
@@ -66,6 +66,17 @@ _COLOR = {
 _SHOWN = ("fail", "warn", "error")
 
 
+def root_causes(findings: Sequence[Finding]) -> list[str]:
+    """The failing checks that explain every failure and blocked skip, in report order (a root
+    that was not selected comes where its first consequence is)."""
+    roots: list[str] = []
+    for x in findings:
+        root = x.caused_by or (x.id if x.status == "fail" else None)
+        if root is not None and x.status in ("fail", "warn", "skip") and root not in roots:
+            roots.append(root)
+    return roots
+
+
 def render_text(
     findings: Sequence[Finding], head: Header, verbose: bool = False, color: bool = False
 ) -> str:
@@ -83,23 +94,54 @@ def render_text(
         f"(container: {where}; spec: {head.spec_source or 'none'})",
     ]
     lines.extend(f"spec warning: {w}" for w in head.spec_warnings)
+    no_spec = [x for x in findings if x.status == "skip" and x.summary == NEEDS_SPEC]
+    if no_spec and head.spec_source is None:
+        lines.append(
+            f"no site spec, so {plural(len(no_spec), 'check')} that need one "
+            f"{'is' if len(no_spec) == 1 else 'are'} skipped: {NO_SPEC_FIX}"
+        )
     width = max((len(x.id) for x in findings), default=10)
+    shown = {x.id for x in findings}
+    # A finding whose root is shown sits under it, in report order, instead of in its own place.
+    under: dict[str, list[Finding]] = {}
     for x in findings:
-        lines.append(style(f"[{_MARK[x.status]}] {x.id:<{width}}  {x.summary}", x.status))
-        expand = verbose or x.status in _SHOWN
-        if expand:
-            lines.extend(f"      · {e}" for e in x.evidence)
-        if x.remediation and x.status in ("fail", "warn"):
+        if x.caused_by in shown and x.caused_by != x.id:
+            under.setdefault(x.caused_by, []).append(x)
+
+    def block(x: Finding, indent: str, consequence: bool) -> None:
+        summary = x.summary
+        if x.caused_by and x.status in ("fail", "warn"):
+            summary += f" (because of {x.caused_by}" + (")" if consequence else ", not selected)")
+        lines.append(style(f"{indent}[{_MARK[x.status]}] {x.id:<{width}}  {summary}", x.status))
+        pad = indent + "      "
+        # A consequence's details are its root's, shown just above: only -v repeats them.
+        if verbose or (x.status in _SHOWN and not consequence):
+            lines.extend(f"{pad}· {e}" for e in x.evidence)
+        if x.remediation and x.status in ("fail", "warn") and not consequence:
             r = x.remediation
-            lines.append(f"      → fix on {r.where}: {r.action}")
+            lines.append(f"{pad}→ fix on {r.where}: {r.action}")
             if r.command:
-                lines.extend(f"        $ {c}" for c in r.command.splitlines())
+                lines.extend(f"{pad}  $ {c}" for c in r.command.splitlines())
             if r.tag:
-                lines.append(f"        (playbook tag: {r.tag})")
+                lines.append(f"{pad}  (playbook tag: {r.tag})")
+
+    for x in findings:
+        if x.caused_by in shown and x.caused_by != x.id:
+            continue
+        block(x, "", consequence=False)
+        for y in under.get(x.id, ()):
+            block(y, "    ", consequence=True)
     counts = Counter(x.status for x in findings)
     lines.append("")
+    roots = root_causes(findings)
+    if roots:
+        named = ", ".join(r if r in shown else f"{r} (not selected)" for r in roots)
+        lines.append(
+            f"{plural(len(roots), 'root cause')} "
+            f"({plural(counts['fail'], 'failed check')}): {named}"
+        )
     lines.append(
-        f"{counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed, "
+        f"{counts['pass']} passed, {plural(counts['warn'], 'warning')}, {counts['fail']} failed, "
         f"{counts['skip']} skipped"
         + (
             f", {counts['error']} broken (a doctor bug: please report it)"
@@ -141,6 +183,8 @@ def render_json(findings: Sequence[Finding], head: Header, code: int) -> str:
         "spec_warnings": list(head.spec_warnings),
         "exit_code": int(code),
         "summary": {s: counts.get(s, 0) for s in STATUSES},
+        # The failing checks every failure and blocked skip comes from (their caused_by).
+        "root_causes": root_causes(findings),
         "checks": [
             {
                 "id": x.id,
@@ -178,6 +222,9 @@ def render_prometheus(findings: Sequence[Finding], head: Header, code: int) -> s
                 f'status="{status}"}} {int(x.status == status)}'
             )
     out += [
+        "# HELP ct200_doctor_root_causes Failing checks that explain every failure of the run.",
+        "# TYPE ct200_doctor_root_causes gauge",
+        f"ct200_doctor_root_causes {len(root_causes(findings))}",
         "# HELP ct200_doctor_exit_code Exit code of the last run (0 ok, 1 warn, 2 fail, 3 broke).",
         "# TYPE ct200_doctor_exit_code gauge",
         f"ct200_doctor_exit_code {int(code)}",

@@ -9,10 +9,11 @@ register anything. Ids are stable: dashboards and scripts key on them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from ct200_tools.checks import dev, driver, gpu, host, mem, models, topo, tune
 from ct200_tools.checks.base import Check, Context, Finding, run_check
+from ct200_tools.checks.causes import rules_for
 from ct200_tools.facts import Facts
 from ct200_tools.spec import SiteSpec
 
@@ -82,27 +83,47 @@ def _matches(check_id: str, name: str) -> bool:
 def run_checks(
     facts: Facts, spec: SiteSpec | None, checks: Iterable[Check] = CHECKS
 ) -> list[Finding]:
-    """Judge `checks` in order. A finding's caused_by is resolved to the failing check at the
-    end of its chain, judged here even when it was not selected, or dropped when no check in
-    the chain fails (then the skip is only a skip)."""
+    """Judge `checks` in order and link each finding to its root cause.
+
+    A failing check that a rule in checks/causes.py explains by another failing check is a
+    consequence: caused_by names the root and its remediation is the root's (never a fix of its
+    own that leads elsewhere). A skip's caused_by names the failing check at the end of its
+    chain, or is dropped when no check in the chain fails (then the skip is only a skip).
+    Roots are judged here even when they were not selected."""
+    checks = tuple(checks)
     ctx = Context(facts, spec)
+    units = {**BY_ID, **{c.id: c for c in checks}}
     judged: dict[str, Finding] = {}
+    linked: dict[str, Finding] = {}
 
-    def judge(c: Check) -> Finding:
-        if c.id not in judged:
-            judged[c.id] = run_check(c, ctx)
-        return judged[c.id]
+    def judge(cid: str) -> Finding:
+        if cid not in judged:
+            judged[cid] = run_check(units[cid], ctx)
+        return judged[cid]
 
-    return [_resolve_cause(judge(c), judge) for c in checks]
+    def link(cid: str, seen: frozenset[str]) -> Finding:
+        if cid in linked:
+            return linked[cid]
+        f = judge(cid)
+        cause = f.caused_by
+        if f.status in ("fail", "warn"):
+            cause = next(
+                (r.root for r in rules_for(cid) if judge(r.root).status == "fail" and r.holds(ctx)),
+                cause,
+            )
+        root = None
+        if cause is not None and cause in units and cause not in seen:
+            g = link(cause, seen | {cid})
+            if g.status in ("fail", "error"):
+                root = g.caused_by or g.id
+            elif g.status == "skip":
+                root = g.caused_by
+        if root is not None and f.status in ("fail", "warn"):
+            f = dataclasses.replace(f, caused_by=root, remediation=link(root, seen).remediation)
+        else:
+            f = dataclasses.replace(f, caused_by=root)
+        if not seen:
+            linked[cid] = f
+        return f
 
-
-def _resolve_cause(f: Finding, judge: Callable[[Check], Finding]) -> Finding:
-    seen = {f.id}
-    cause = f.caused_by
-    while cause is not None and cause not in seen and cause in BY_ID:
-        seen.add(cause)
-        g = judge(BY_ID[cause])
-        if g.status in ("fail", "error"):
-            return dataclasses.replace(f, caused_by=g.id)
-        cause = g.caused_by if g.status == "skip" else None
-    return dataclasses.replace(f, caused_by=None) if f.caused_by else f
+    return [link(c.id, frozenset()) for c in checks]

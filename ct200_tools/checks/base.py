@@ -157,15 +157,17 @@ def check(
     return unit
 
 
-NO_SPEC = (
-    "no site spec: pass --spec FILE or an inventory dir, or install /etc/ct200/site.yml "
-    "(playbooks/site.yml does)"
+#: Said once, in the report's header, when checks that need the spec skipped without one.
+NO_SPEC_FIX = (
+    "pass --spec FILE or an inventory dir, or install /etc/ct200/site.yml (playbooks/site.yml does)"
 )
+#: The skip of each needs-spec check without one: short, since the header says how to fix it.
+NEEDS_SPEC = "needs the site spec"
 
 
 def run_check(c: Check, ctx: Context) -> Finding:
     if c.needs_spec and ctx.spec is None:
-        return Finding(c.id, c.title, "skip", c.severity, NO_SPEC)
+        return Finding(c.id, c.title, "skip", c.severity, NEEDS_SPEC)
     try:
         out = c.fn(ctx)
     except Exception as exc:  # noqa: BLE001 - a check bug is reported as such, never a traceback
@@ -195,6 +197,11 @@ def _raised_at(exc: BaseException) -> tuple[str, ...]:
         return ()
     last = frames[-1]
     return (f"raised at {Path(last.filename).name}:{last.lineno} in {last.name}",)
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """'1 GPU', '2 GPUs', '0 GPUs' ('1 device node', '3 device nodes')."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"
 
 
 def gib(n: int | None) -> str:

@@ -8,9 +8,19 @@ from __future__ import annotations
 
 import errno
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ct200_tools.checks.base import Context, Outcome, Remedy, check, failed, passed, skipped
+from ct200_tools.checks.base import (
+    Context,
+    Outcome,
+    Remedy,
+    check,
+    failed,
+    passed,
+    plural,
+    skipped,
+)
 from ct200_tools.facts import DevNode
 
 CORE = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
@@ -114,72 +124,142 @@ def _raw_lxc(ctx: Context) -> bool:
     return bool(ctx.spec and ctx.spec.pve and ctx.spec.pve.passthrough == "raw-lxc")
 
 
-def remedy_for(ctx: Context, pr: NodeProblem) -> Remedy:
-    """The exact fix for one node problem, where it must be applied."""
-    major = str(pr.expected_major) if pr.expected_major is not None else "<major>"
-    drv = driver_of(pr.path) or "nvidia"
-    conf = f"/etc/pve/lxc/{_vmid(ctx)}.conf"
-    if ctx.in_container:
-        if pr.kind in ("denied", "missing", "wrong_major") and _raw_lxc(ctx):
-            lines = [f"lxc.cgroup2.devices.allow: c {major}:* rwm"]
-            if pr.kind == "missing":
-                lines.append(
-                    f"lxc.mount.entry: {pr.path} {pr.path[1:]} none bind,optional,create=file"
-                )
-            return Remedy(
-                f"allow {drv}'s current major {major} in {conf} (read it with "
-                f"awk '$2==\"{drv}\"{{print $1}}' /proc/devices), then pct reboot {_vmid(ctx)}",
-                "host",
-                "\n".join(lines),
-                "lxc_passthrough",
-            )
-        if pr.kind in ("denied", "missing", "wrong_major"):
-            return Remedy(
-                f"pass the node through by path in {conf} (pve-container then "
-                f"allows its current major at every start; N = the next free dev index), "
-                f"make sure it exists on the host first (nvidia-modprobe -u -c0), then "
-                f"pct reboot {_vmid(ctx)}",
-                "host",
-                f"devN: {pr.path},mode=0666",
-                "lxc_passthrough",
-            )
-    if pr.kind == "missing" and drv == "nvidia-uvm":
-        return Remedy(
-            "load nvidia_uvm and create its nodes",
-            ctx.host_where,
-            "nvidia-modprobe -u -c0",
-            "host_devices",
-        )
-    if pr.kind == "missing":
-        m = _GPU_NODE.match(pr.path)
-        return Remedy(
-            "create the NVIDIA device nodes",
-            ctx.host_where,
-            f"nvidia-modprobe -c {m.group(1) if m else 0}",
-            "host_devices",
-        )
-    if pr.kind == "no_access":
-        return Remedy(
-            "make the node readable and writable for the serving user",
-            ctx.host_where,
-            f"chmod 0666 {pr.path}",
-            "host_devices",
-        )
-    if pr.kind == "denied":
-        return Remedy(
-            f"the cgroup of this process denies c {major}:*; allow it where the cgroup is made "
-            "(systemd unit: DeviceAllow=; docker: --device or the NVIDIA runtime)",
-            "this machine",
-            f"DeviceAllow=char-{drv} rw",
-            None,
-        )
+def passthrough_nodes(ctx: Context) -> list[str]:
+    """Every node the container needs passed through, GPUs first (the devN block's order)."""
+    nodes = expected_nodes(ctx)
+    return [*(p for p in nodes if _GPU_NODE.match(p)), *(p for p in nodes if p in CORE)]
+
+
+#: Node problems an LXC container's config fixes (the host passes the node through and its
+#: cgroup allows the node's current major); anything else is fixed where the node is made.
+_PASSTHROUGH = ("denied", "missing", "not_char", "wrong_major")
+
+
+def remedy_for(ctx: Context, prs: Sequence[NodeProblem]) -> Remedy:
+    """One fix for all the node problems given, where it must be applied: applying it once
+    fixes every node, so an operator never restarts the container to find the next one."""
+    if ctx.in_container and _raw_lxc(ctx) and any(pr.kind in _PASSTHROUGH for pr in prs):
+        return _raw_lxc_fix(ctx, [pr for pr in prs if pr.kind in _PASSTHROUGH])
+    if ctx.in_container and any(pr.kind in (*_PASSTHROUGH, "no_access") for pr in prs):
+        return _devn_fix(ctx)
+    parts = [
+        fix(ctx, group)
+        for kinds, fix in _LOCAL_FIXES
+        if (group := [pr for pr in prs if pr.kind in kinds])
+    ]
+    if not parts:
+        return _devn_fix(ctx)
     return Remedy(
-        "re-create the node from the driver's current major (the driver reloaded since it was "
-        "made)",
+        "; ".join(p.action for p in parts),
+        parts[0].where,
+        "\n".join(p.command for p in parts if p.command),
+        next((p.tag for p in parts if p.tag), None),
+    )
+
+
+def _devn_fix(ctx: Context) -> Remedy:
+    conf, vmid = f"/etc/pve/lxc/{_vmid(ctx)}.conf", _vmid(ctx)
+    lines = [f"dev{i}: {p},mode=0666" for i, p in enumerate(passthrough_nodes(ctx))]
+    return Remedy(
+        f"make these the NVIDIA device entries of {conf}, replacing every devN line there "
+        f"that names a /dev/nvidia* node (number other devices after dev{len(lines) - 1}); "
+        "pve-container then allows each node's current major at every start. The nodes must "
+        f"exist on the host first (nvidia-modprobe -u -c0), then pct reboot {vmid}",
+        "host",
+        "\n".join(lines),
+        "lxc_passthrough",
+    )
+
+
+def _raw_lxc_fix(ctx: Context, prs: Sequence[NodeProblem]) -> Remedy:
+    conf, vmid = f"/etc/pve/lxc/{_vmid(ctx)}.conf", _vmid(ctx)
+    majors: dict[str, str] = {}
+    for pr in prs:
+        drv = driver_of(pr.path) or "nvidia"
+        majors.setdefault(
+            str(pr.expected_major) if pr.expected_major is not None else f"<{drv} major>", drv
+        )
+    lines = [f"lxc.cgroup2.devices.allow: c {m}:* rwm" for m in majors]
+    lines += [
+        f"lxc.mount.entry: {pr.path} {pr.path[1:]} none bind,optional,create=file"
+        for pr in prs
+        if pr.kind in ("missing", "not_char")
+    ]
+    drivers = sorted(set(majors.values()))
+    awk = " ".join(f"awk '$2==\"{d}\"{{print $1}}' /proc/devices;" for d in drivers)
+    return Remedy(
+        f"add these lines to {conf} with the majors the host has now ({awk.rstrip(';')}) and "
+        f"delete allow lines for older majors of {', '.join(drivers)}, then pct reboot {vmid}",
+        "host",
+        "\n".join(lines),
+        "lxc_passthrough",
+    )
+
+
+def _create_fix(ctx: Context, prs: Sequence[NodeProblem]) -> Remedy:
+    cmds = []
+    if any(driver_of(pr.path) == "nvidia-uvm" for pr in prs):
+        cmds.append("nvidia-modprobe -u -c0")
+    gpus = sorted({int(m.group(1)) for pr in prs if (m := _GPU_NODE.match(pr.path))})
+    if not gpus and any(pr.path == "/dev/nvidiactl" for pr in prs) and not cmds:
+        gpus = [0]  # nvidia-modprobe -c N makes /dev/nvidiactl beside /dev/nvidiaN
+    cmds += [f"nvidia-modprobe -c {i}" for i in gpus]
+    return Remedy(
+        "create the missing NVIDIA device nodes: " + ", ".join(pr.path for pr in prs),
         ctx.host_where,
-        f"rm -f {pr.path} && nvidia-modprobe -u -c0",
+        "\n".join(cmds),
         "host_devices",
     )
+
+
+def _chmod_fix(ctx: Context, prs: Sequence[NodeProblem]) -> Remedy:
+    return Remedy(
+        "make the nodes readable and writable for the serving user",
+        ctx.host_where,
+        "chmod 0666 " + " ".join(pr.path for pr in prs),
+        "host_devices",
+    )
+
+
+def _allow_fix(ctx: Context, prs: Sequence[NodeProblem]) -> Remedy:
+    drivers = sorted({driver_of(pr.path) or "nvidia" for pr in prs})
+    return Remedy(
+        "the cgroup of this process denies "
+        + ", ".join(f"c {pr.expected_major}:* ({driver_of(pr.path)})" for pr in _by_major(prs))
+        + "; allow it where the cgroup is made (systemd unit: DeviceAllow=; docker: --device "
+        "or the NVIDIA runtime)",
+        "this machine",
+        "\n".join(f"DeviceAllow=char-{d} rw" for d in drivers),
+        None,
+    )
+
+
+def _recreate_fix(ctx: Context, prs: Sequence[NodeProblem]) -> Remedy:
+    gpus = sorted({int(m.group(1)) for pr in prs if (m := _GPU_NODE.match(pr.path))})
+    make = " ".join(["nvidia-modprobe -u -c0", *(f"&& nvidia-modprobe -c {i}" for i in gpus)])
+    return Remedy(
+        "re-create the nodes from the driver's current majors (the driver reloaded since they "
+        "were made)",
+        ctx.host_where,
+        f"rm -f {' '.join(pr.path for pr in prs)} && {make}",
+        "host_devices",
+    )
+
+
+def _by_major(prs: Sequence[NodeProblem]) -> list[NodeProblem]:
+    seen: dict[int | None, NodeProblem] = {}
+    for pr in prs:
+        seen.setdefault(pr.expected_major, pr)
+    return list(seen.values())
+
+
+_LOCAL_FIXES: tuple[tuple[tuple[str, ...], Callable[[Context, Sequence[NodeProblem]], Remedy]], ...]
+_LOCAL_FIXES = (
+    (("missing",), _create_fix),
+    (("wrong_major", "not_char", "no_device", "open_error"), _recreate_fix),
+    (("no_access",), _chmod_fix),
+    (("denied",), _allow_fix),
+)
 
 
 def _evidence(ctx: Context) -> list[str]:
@@ -211,7 +291,7 @@ TAGS = ("lxc_passthrough", "host_devices")
 def check_nodes_present(ctx: Context) -> Outcome:
     """/dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools and /dev/nvidia0..N-1 exist as
     character devices. In an LXC container they come from devN: entries (or lxc.mount.entry
-    lines); on the host from nvidia-modprobe -u -c0."""
+    lines); on the host from nvidia-modprobe -u -c0. The fix covers every missing node."""
     if ctx.facts.devices is None:
         return skipped("device nodes not read", ctx.unreadable("devices") or "")
     if _module_missing(ctx):
@@ -221,12 +301,25 @@ def check_nodes_present(ctx: Context) -> Outcome:
     want = expected_nodes(ctx)
     missing = [pr for pr in problems(ctx, want) if pr.kind in ("missing", "not_char")]
     if not missing:
-        return passed(f"{len(want)} device nodes present", *want)
+        return passed(f"{plural(len(want), 'device node')} present", *want)
     return failed(
-        f"{len(missing)} of {len(want)} device nodes missing",
-        remedy_for(ctx, missing[0]),
+        f"{len(missing)} of {plural(len(want), 'device node')} missing",
+        remedy_for(ctx, missing),
         *[pr.message for pr in missing],
         *_evidence(ctx),
+    )
+
+
+def uvm_module_fix(ctx: Context) -> Remedy:
+    restart = (
+        f", then pct reboot {_vmid(ctx)} so the container gets them" if ctx.in_container else ""
+    )
+    return Remedy(
+        "load nvidia_uvm and create its nodes, and persist it in /etc/modules-load.d/nvidia.conf"
+        + restart,
+        ctx.host_where,
+        "modprobe nvidia_uvm && nvidia-modprobe -u -c0",
+        "host_devices",
     )
 
 
@@ -238,26 +331,40 @@ def check_nodes_present(ctx: Context) -> Outcome:
     tags=TAGS,
 )
 def check_node_majors(ctx: Context) -> Outcome:
-    """Each node's major equals its driver's major in /proc/devices. nvidia-uvm's major is
+    """Each node's major equals its driver's major in /proc/devices, and nvidia-uvm is there at
+    all (else the nvidia_uvm module is not loaded and CUDA cannot start). nvidia-uvm's major is
     dynamic (511, 238, 508...): a node or an lxc.cgroup2.devices.allow line made for an older
     major is stale after a driver update or reboot."""
     dev = ctx.facts.devices
     if dev is None:
         return skipped("device nodes not read", ctx.unreadable("devices") or "")
     if not any(k.startswith("nvidia") for k in dev.majors):
+        if ctx.unreadable("devices.proc_devices"):
+            return skipped("/proc/devices not read", ctx.unreadable("devices.proc_devices") or "")
         return skipped(
             "no NVIDIA driver in /proc/devices (see driver.module)", caused_by="driver.module"
         )
     present = [n.path for n in dev.nodes if n.exists and n.is_char]
     wrong = [pr for pr in problems(ctx, present) if pr.kind == "wrong_major"]
+    if "nvidia-uvm" not in dev.majors:
+        return failed(
+            "nvidia-uvm is not in /proc/devices: the nvidia_uvm kernel module is not loaded",
+            uvm_module_fix(ctx),
+            *[w.message for w in wrong],
+            *_evidence(ctx),
+        )
     if not wrong:
         return passed("every NVIDIA node has its driver's current major", *_evidence(ctx))
     return failed(
         "stale device node majors",
-        remedy_for(ctx, wrong[0]),
+        remedy_for(ctx, wrong),
         *[w.message for w in wrong],
         *_evidence(ctx),
     )
+
+
+#: What dev.open counts as a node that cannot be opened (a stale major is dev.majors').
+OPEN_FAILURES = ("denied", "no_access", "no_device", "open_error")
 
 
 @check(
@@ -269,8 +376,9 @@ def check_node_majors(ctx: Context) -> Outcome:
 )
 def check_nodes_open(ctx: Context) -> Outcome:
     """open(O_RDWR) succeeds on each node, as libcuda's does. EPERM means the device cgroup
-    denies the major:minor (the incident: nvidia-uvm not allowed in the LXC config); EACCES
-    means file permissions; ENXIO/ENODEV a node with no driver behind it."""
+    denies the major:minor (the incident: nvidia-uvm not allowed in the LXC config; with
+    c 195:* denied, /dev/nvidiactl and every /dev/nvidiaN); EACCES means file permissions;
+    ENXIO/ENODEV a node with no driver behind it. The fix covers every node that fails."""
     dev = ctx.facts.devices
     if dev is None:
         return skipped("device nodes not read", ctx.unreadable("devices") or "")
@@ -279,16 +387,12 @@ def check_nodes_open(ctx: Context) -> Outcome:
     ]
     if not present:
         return skipped("no NVIDIA device nodes to open (see dev.nodes)", caused_by="dev.nodes")
-    bad = [
-        pr
-        for pr in problems(ctx, present)
-        if pr.kind in ("denied", "no_access", "no_device", "open_error")
-    ]
+    bad = [pr for pr in problems(ctx, present) if pr.kind in OPEN_FAILURES]
     if not bad:
-        return passed(f"{len(present)} nodes open read-write", *present)
+        return passed(f"{plural(len(present), 'node')} open read-write", *present)
     return failed(
-        f"{len(bad)} device node(s) cannot be opened",
-        remedy_for(ctx, bad[0]),
+        f"{plural(len(bad), 'device node')} cannot be opened",
+        remedy_for(ctx, bad),
         *[pr.message for pr in bad],
         *_evidence(ctx),
     )

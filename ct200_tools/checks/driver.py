@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from ct200_tools.checks.base import Context, Outcome, Remedy, check, failed, passed, skipped
+from ct200_tools.checks.base import (
+    Context,
+    Outcome,
+    Remedy,
+    check,
+    failed,
+    passed,
+    plural,
+    skipped,
+)
 
 MODULE_FIX = Remedy(
     "load the NVIDIA kernel modules and create the device nodes; persist them in "
@@ -23,30 +32,38 @@ MODULE_FIX = Remedy(
 def check_module(ctx: Context) -> Outcome:
     """The host's NVIDIA kernel module is loaded (/proc/driver/nvidia/version). Without it
     nothing else works. Fix on the host: load nvidia and nvidia_uvm and persist them in
-    /etc/modules-load.d."""
+    /etc/modules-load.d. With no NVIDIA GPU on the PCI bus either, this is not a GPU machine:
+    the finding says so instead of suggesting a modprobe that cannot work."""
     k = ctx.facts.kernel
     if k is None:
         return skipped("kernel facts not read", ctx.unreadable("kernel") or "")
     if k.nvidia_module_version:
         return passed(f"NVIDIA kernel module {k.nvidia_module_version} loaded")
-    pci = ctx.facts.pci or ()
-    gpus = f"{len(pci)} NVIDIA GPU(s) on the PCI bus" if pci else "no NVIDIA GPU on the PCI bus"
+    absent = "/proc/driver/nvidia/version absent"
+    pci = ctx.facts.pci
+    if pci is not None and not pci and "pci" not in ctx.facts.unreadable:
+        # Nothing to load a driver for: modprobe would only fail. The GPUs are elsewhere.
+        return failed(
+            "no NVIDIA GPU on the PCI bus and no NVIDIA kernel module: not a GPU machine",
+            Remedy(
+                "run the doctor on the GPU machine (or in its container); if GPUs should be "
+                "here, the PCI bus does not show them: check that they are seated, powered and "
+                "enabled in the firmware, or passed through to this VM",
+                "this machine",
+                "lspci -nn -d 10de:",
+                None,
+            ),
+            "/sys/bus/pci/devices: no NVIDIA (vendor 0x10de) display device",
+            absent,
+        )
+    if pci is None:
+        seen = f"PCI bus not read ({ctx.unreadable('pci') or 'unknown'})"
+    else:
+        seen = f"{plural(len(pci), 'NVIDIA GPU')} on the PCI bus"
     remedy = MODULE_FIX
     if ctx.in_container:
         remedy = Remedy(MODULE_FIX.action, "host", MODULE_FIX.command, MODULE_FIX.tag)
-    elif not pci:
-        remedy = Remedy(
-            "install the NVIDIA driver (kernel module) on the GPU machine; this machine shows "
-            "no NVIDIA GPU, so run the doctor where the GPUs are",
-            "this machine",
-            "modprobe nvidia",
-            "host_devices",
-        )
-    return failed(
-        "NVIDIA kernel module not loaded (/proc/driver/nvidia/version absent)",
-        remedy,
-        gpus,
-    )
+    return failed(f"NVIDIA kernel module not loaded ({absent})", remedy, seen)
 
 
 @check(
@@ -61,7 +78,9 @@ def check_nvml(ctx: Context) -> Outcome:
     --no-kernel-module, at the host module's exact version."""
     if ctx.facts.nvml is not None:
         n = ctx.facts.nvml
-        return passed(f"NVML {n.nvml_version} sees {len(n.gpus)} GPU(s), driver {n.driver_version}")
+        return passed(
+            f"NVML {n.nvml_version} sees {plural(len(n.gpus), 'GPU')}, driver {n.driver_version}"
+        )
     why = ctx.facts.unreadable.get("nvml")
     if why is None:
         return skipped("NVML was not probed")

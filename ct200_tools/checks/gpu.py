@@ -4,7 +4,16 @@ capability, persistence, memory health, clocks."""
 from __future__ import annotations
 
 from ct200_tools.checks import dev
-from ct200_tools.checks.base import Context, Outcome, Remedy, check, failed, passed, skipped
+from ct200_tools.checks.base import (
+    Context,
+    Outcome,
+    Remedy,
+    check,
+    failed,
+    passed,
+    plural,
+    skipped,
+)
 from ct200_tools.checks.driver import MODULE_FIX
 from ct200_tools.facts import GpuFacts
 
@@ -25,6 +34,18 @@ def gen_of(speed: str | None) -> int | None:
 
 def _gpus(ctx: Context) -> tuple[GpuFacts, ...] | None:
     return ctx.facts.nvml.gpus if ctx.facts.nvml is not None else None
+
+
+def _libcuda_error(error: str | None) -> str:
+    """The probe's "libcuda.so.1 not found: libcuda.so.1: cannot open shared object file: ..."
+    said once: "libcuda.so.1 not found (cannot open shared object file: ...)"."""
+    if not error:
+        return "libcuda.so.1 could not be loaded"
+    head, sep, detail = error.partition(": ")
+    if sep and head == "libcuda.so.1 not found":
+        detail = detail.removeprefix("libcuda.so.1: ")
+        return f"{head} ({detail})"
+    return error
 
 
 def _no_nvml(ctx: Context) -> Outcome:
@@ -48,7 +69,9 @@ def check_cuda_init(ctx: Context) -> Outcome:
     if c is None:
         return skipped("CUDA was not probed", ctx.unreadable("cuda") or "")
     if c.code == 0:
-        return passed(f"cuInit ok, {c.device_count} device(s), in {c.duration_s:.2f} s")
+        return passed(
+            f"cuInit ok, {plural(c.device_count or 0, 'device')}, in {c.duration_s or 0:.2f} s"
+        )
     if c.timed_out:
         return failed(
             c.error or "cuInit timed out",
@@ -59,11 +82,12 @@ def check_cuda_init(ctx: Context) -> Outcome:
     module_loaded = bool(ctx.facts.kernel and ctx.facts.kernel.nvidia_module_version)
     if c.code is None and not module_loaded:
         return failed(
-            f"CUDA unavailable: {c.error}; the NVIDIA kernel module is not loaded", MODULE_FIX
+            f"CUDA unavailable: {_libcuda_error(c.error)}; the NVIDIA kernel module is not loaded",
+            MODULE_FIX,
         )
     if c.code is None:
         return failed(
-            f"CUDA unavailable: {c.error}",
+            f"CUDA unavailable: {_libcuda_error(c.error)}",
             Remedy(
                 "install the NVIDIA userspace driver (libcuda.so.1) matching the kernel module",
                 "container" if ctx.in_container else "this machine",
@@ -75,10 +99,9 @@ def check_cuda_init(ctx: Context) -> Outcome:
         return failed(f"{head}: the NVIDIA kernel module is not loaded", MODULE_FIX)
     node_problems = dev.problems(ctx)
     if node_problems:
-        first = node_problems[0]
         return failed(
-            f"{head}: {first.message}",
-            dev.remedy_for(ctx, first),
+            f"{head}: {node_problems[0].message}",
+            dev.remedy_for(ctx, node_problems),
             *[p.message for p in node_problems],
         )
     module = ctx.facts.kernel.nvidia_module_version if ctx.facts.kernel else None
@@ -116,15 +139,15 @@ def check_count(ctx: Context) -> Outcome:
     else:
         seen, via = len(gpus), "through NVML"
     cuda = ctx.facts.cuda
-    evidence = [f"{seen} GPU(s) {via}"]
+    evidence = [f"{plural(seen, 'GPU')} {via}"]
     if cuda is not None and cuda.device_count is not None:
         evidence.append(f"CUDA sees {cuda.device_count}")
     if seen == want and (cuda is None or cuda.device_count in (None, want)):
-        return passed(f"{want} GPU(s) as the spec expects", *evidence)
+        return passed(f"{plural(want, 'GPU')} as the spec expects", *evidence)
     return failed(
-        f"expected {want} GPU(s), found {seen}"
+        f"expected {plural(want, 'GPU')}, found {seen}"
         if seen != want
-        else f"{seen} GPU(s) found but CUDA sees {cuda.device_count if cuda else '?'}",
+        else f"{plural(seen, 'GPU')} found but CUDA sees {cuda.device_count if cuda else '?'}",
         Remedy(
             "pass every GPU through (dev entries /dev/nvidia0..N-1) and make sure no "
             "CUDA_VISIBLE_DEVICES hides one; a GPU missing on the host too has fallen off "
@@ -148,7 +171,7 @@ def check_model(ctx: Context) -> Outcome:
     if not wrong:
         return passed(f"all GPUs are {ctx.site.gpus.model}", *sorted({g.name for g in gpus}))
     return failed(
-        f"{len(wrong)} GPU(s) are not {ctx.site.gpus.model!r}",
+        f"{plural(len(wrong), 'GPU is', 'GPUs are')} not {ctx.site.gpus.model!r}",
         Remedy("correct gpus.model in the site spec, or check the hardware", "this machine"),
         *[f"GPU{g.index} {g.pci_bus_id}: {g.name}" for g in wrong],
     )
@@ -186,7 +209,8 @@ def check_pcie_link(ctx: Context) -> Outcome:
             bad.append(g.index)
     if bad:
         return failed(
-            f"GPU(s) {bad} cannot train to Gen{want.gen} x{want.width}",
+            f"{'GPU' if len(bad) == 1 else 'GPUs'} {', '.join(map(str, bad))} cannot train to "
+            f"Gen{want.gen} x{want.width}",
             Remedy(
                 "reseat the card or riser and check the slot's BIOS link setting; the maximum "
                 "link is what the card and slot negotiated at boot",
@@ -209,7 +233,8 @@ def check_persistence(ctx: Context) -> Outcome:
     if not off:
         return passed("persistence mode on (or not reported)")
     return failed(
-        f"persistence mode off on GPU(s) {off}: each CUDA start re-initialises the GPU",
+        f"persistence mode off on {'GPU' if len(off) == 1 else 'GPUs'} "
+        f"{', '.join(map(str, off))}: each CUDA start re-initialises the GPU",
         Remedy(
             "run the persistence daemon at boot",
             "host",

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ct200_tools.checks.base import Context, Outcome, Remedy, check, failed, passed, skipped
+from ct200_tools.checks.base import (
+    Context,
+    Outcome,
+    Remedy,
+    check,
+    failed,
+    passed,
+    plural,
+    skipped,
+)
 from ct200_tools.checks.staged import model_verdict
 from ct200_tools.facts import ModelFacts
 from ct200_tools.spec import ModelSpec
@@ -67,19 +76,28 @@ def check_staged(ctx: Context) -> Outcome:
     if not models:
         return skipped("no enabled server needs a model")
     if ctx.facts.models is None:
-        return skipped("models not probed", ctx.unreadable("models") or "")
+        why = ctx.facts.unreadable.get("models")
+        return skipped(f"models not probed: {why}" if why else "models not probed")
+    if not ctx.facts.models:
+        return skipped(
+            f"the facts hold no model, so {', '.join(m.name for m in models)} cannot be judged: "
+            "a snapshot taken without a site spec looks at none; take it with --spec"
+        )
     found = {f.name: f for f in ctx.facts.models}
     s = _sort(models, found)
     if s.bad:
         m = s.bad[0][0]
         remedy = _stage_fix(m)
         if found[m.name].source_exists is False:
+            manifest = f"/var/lib/ct200/manifests/{m.name}.json"
             remedy = Remedy(
-                f"restore the persistent copy {m.source} first (the staging never creates "
-                "it), then stage",
+                f"restore the persistent copy {m.source} first (staging never creates it: copy "
+                "it back from a backup or download it again), verify it against its manifest, "
+                "then stage it",
                 "container",
-                f"ct200-stage verify {m.source} --manifest /var/lib/ct200/manifests/{m.name}.json",
-                None,
+                f"ct200-stage verify {m.source} --manifest {manifest} && "
+                f"ct200-stage stage {m.name} --spec /etc/ct200/site.yml",
+                "staging",
             )
         return failed("; ".join(why for _, why in s.bad), remedy, *s.evidence)
     if s.running:
@@ -88,4 +106,6 @@ def check_staged(ctx: Context) -> Outcome:
         )
     if s.unknown:
         return skipped(f"cannot tell whether {', '.join(s.unknown)} is staged", *s.evidence)
-    return passed(f"{len(models)} model(s) staged and matching their manifests", *s.evidence)
+    return passed(
+        f"{plural(len(models), 'model')} staged and matching their manifests", *s.evidence
+    )

@@ -126,7 +126,10 @@ def _against_manifest(t: StagedTreeFacts, m: ManifestFacts, found: StageVerdict)
             return _with_errors(found, "unreadable", unread[0], tuple(unread[1:]))
         bad = chunk_differences(m, rehashed)
         if bad:
-            head = f"{t.path}: {len(bad)} chunk(s) do not match the manifest"
+            head = (
+                f"{t.path}: {len(bad)} {'chunk does' if len(bad) == 1 else 'chunks do'} not "
+                "match the manifest"
+            )
             return _with_errors(found, "mismatch", head, bad)
     how = "every chunk re-hashed" if t.rehashed is not None else "marker, manifest and sizes match"
     detail = f"staged {found.staged_at} from {found.source}; {how}"

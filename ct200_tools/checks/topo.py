@@ -78,7 +78,6 @@ def _group_line(s: ServerSpec) -> str:
     "warning",
     needs=("nvml", "pci"),
     needs_spec=True,
-    tags=("servers",),
 )
 def check_tp_numa(ctx: Context) -> Outcome:
     """Each enabled server's GPUs share one NUMA node. Crossing the inter-socket link made TP8
@@ -92,18 +91,19 @@ def check_tp_numa(ctx: Context) -> Outcome:
     spanning, evidence = [], []
     for s in servers:
         used = sorted({nodes.get(i) for i in s.gpus}, key=lambda n: -1 if n is None else n)
-        evidence.append(f"{_group_line(s)}: NUMA node(s) {used}")
+        evidence.append(f"{_group_line(s)}: NUMA {'node' if len(used) == 1 else 'nodes'} {used}")
         if len([n for n in used if n is not None]) > 1:
             spanning.append(s.name)
     if not spanning:
         return passed("every TP group stays inside one NUMA node", *evidence)
     return failed(
-        f"TP group(s) {spanning} span NUMA nodes: {CROSS_NUMA_COST}",
+        f"{'TP group' if len(spanning) == 1 else 'TP groups'} {spanning} "
+        f"{'spans' if len(spanning) == 1 else 'span'} NUMA nodes: {CROSS_NUMA_COST}",
         Remedy(
-            "give each server GPUs from one NUMA node (servers[].gpus in the spec)",
+            "give each server GPUs from one NUMA node: edit servers[].gpus in the site spec "
+            "(the inventory's group_vars), then check it",
             "this machine",
-            None,
-            "servers",
+            "ct200-doctor validate inventory/<site>",
         ),
         *evidence,
     )

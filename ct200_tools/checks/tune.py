@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from ct200_tools.checks.base import Context, Outcome, Remedy, check, failed, passed, skipped
+from ct200_tools.checks.base import (
+    Context,
+    Outcome,
+    Remedy,
+    check,
+    failed,
+    passed,
+    plural,
+    skipped,
+)
 
 #: Device Control bits 14:12 hold log2(MRRS/128).
 MRRS_CODE = {128: 0, 256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
@@ -74,7 +83,8 @@ def check_mrrs(ctx: Context) -> Outcome:
         return passed(f"MRRS {want} on every readable GPU", *evidence)
     code = MRRS_CODE[want]
     return failed(
-        f"MRRS is not {want} on {len(wrong)} GPU(s) (config space resets at reboot and GPU reset)",
+        f"MRRS is not {want} on {plural(len(wrong), 'GPU')} "
+        "(config space resets at reboot and GPU reset)",
         Remedy(
             "re-apply with a masked write at boot (ct200-pcie-tune.service does this)",
             ctx.host_where,

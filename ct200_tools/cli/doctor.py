@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
+import tempfile
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,6 +47,8 @@ check raised: status "error").
 
 QUICK_TIMEOUT_S = 10.0
 DEEP_TIMEOUT_S = 3600.0
+#: A day: past it a "timeout" is a typo, and inf overflows the thread joins.
+MAX_TIMEOUT_S = 86400.0
 
 
 class DoctorError(Exception):
@@ -68,9 +72,84 @@ def _split(values: Sequence[str]) -> list[str]:
     return [v.strip() for value in values for v in value.split(",") if v.strip()]
 
 
+def _seconds(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """A probe timeout is finite, above 0 and at most a day: 0, a negative number or nan gave
+    a false "driver hung?" finding, and inf an OverflowError."""
+    if value is not None and not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
+        raise click.BadParameter(
+            f"{value:g} is not a timeout: give seconds above 0 and at most {MAX_TIMEOUT_S:g}",
+            ctx,
+            param,
+        )
+    return value
+
+
+class OnceCommand(click.Command):
+    """A command whose single-value options may be given once: click silently keeps the last of
+    `--facts a --facts b`, hiding which snapshot or spec was judged."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        _, _, order = self.make_parser(ctx).parse_args(args=list(args))
+        seen: dict[str, int] = {}
+        for param in order:
+            if isinstance(param, click.Option) and not (param.multiple or param.is_flag):
+                seen[param.opts[0]] = seen.get(param.opts[0], 0) + 1
+        repeated = [name for name, n in seen.items() if n > 1]
+        if repeated:
+            raise click.UsageError(
+                f"{repeated[0]} given {seen[repeated[0]]} times: give it once", ctx
+            )
+        return super().parse_args(ctx, args)
+
+
 def _emit(text: str) -> None:
-    click.echo(text, nl=False)
-    sys.stdout.flush()
+    """Print the report. A reader that leaves early (`| head`) or a closed stdout changes
+    nothing: the exit code stays the verdict's."""
+    if sys.stdout is None:
+        click.echo("ct200-doctor: standard output is closed: the report is not shown", err=True)
+        return
+    try:
+        click.echo(text, nl=False)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Later flushes (at exit) must not raise again: the rest goes nowhere.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+def _check_textfile(path: Path) -> None:
+    """Refuse, before anything is probed, a textfile the run could not write: a missing
+    directory (a typo in the node_exporter path must not silently create a tree nobody reads),
+    a directory as the target, or a directory this process cannot create files in (/proc,
+    /sys, read-only or foreign ones)."""
+    where = f"--textfile {path}"
+    parent = path.parent
+    if path.is_dir():
+        raise DoctorError(f"{where} is a directory: name the file, e.g. {path / 'ct200.prom'}")
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise DoctorError(
+            f"{where}: {parent} {what}; the doctor creates no directories (node_exporter's "
+            "textfile directory must exist already: a typo?)"
+        )
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".ct200-doctor-", dir=parent)
+    except OSError as exc:
+        kernel = str(parent.resolve()).split("/")[1:2] in (["proc"], ["sys"])
+        raise DoctorError(
+            f"{where}: cannot create files in {parent}"
+            + (" (a kernel filesystem)" if kernel else f" ({exc.strerror})")
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _write_textfile(path: Path, text: str) -> None:
+    try:
+        write_atomic(str(path), text)
+    except OSError as exc:
+        raise DoctorError(f"--textfile {path}: cannot write it: {exc.strerror or exc}") from None
 
 
 @click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
@@ -79,7 +158,7 @@ def cli() -> None:
     """Verify in seconds that a CT200 GPU machine is ready to serve and benchmark."""
 
 
-@cli.command()
+@cli.command(cls=OnceCommand)
 @spec_option
 @click.option(
     "--facts",
@@ -92,7 +171,7 @@ def cli() -> None:
 @click.option(
     "--textfile",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Also write the node_exporter textfile here (atomically).",
+    help="Also write the node_exporter textfile here (atomically; the directory must exist).",
 )
 @click.option("--only", multiple=True, metavar="ID", help="Run only these checks (id or prefix).")
 @click.option("--skip", multiple=True, metavar="ID", help="Skip these checks (id or prefix).")
@@ -102,12 +181,14 @@ def cli() -> None:
     "--deep",
     is_flag=True,
     help="Re-hash every staged model against its manifest (seconds per GB; the probe "
-    "timeout becomes 1 h unless --timeout is given).",
+    "timeout becomes 1 h unless --timeout is given). Not with --facts.",
 )
 @click.option(
     "--timeout",
     type=float,
-    help=f"Seconds each probe (and cuInit) may take [default: {QUICK_TIMEOUT_S:g}].",
+    callback=_seconds,
+    help=f"Seconds each probe (and cuInit) may take [default: {QUICK_TIMEOUT_S:g}]. "
+    "Not with --facts.",
 )
 def check(
     spec_path: str | None,
@@ -123,30 +204,48 @@ def check(
     timeout: float | None,
 ) -> None:
     """Probe this machine (or read --facts) and judge it against the site spec."""
+    if as_json and prometheus:
+        raise click.UsageError(
+            "--json and --prometheus both choose what is printed: give one "
+            "(--textfile writes the Prometheus textfile beside either)"
+        )
+    if facts_path is not None and (deep or timeout is not None):
+        flag = "--deep" if deep else "--timeout"
+        raise click.UsageError(
+            f"{flag} changes how this machine is probed, and --facts probes nothing: take "
+            f"the snapshot with `ct200-doctor snapshot {flag}{'' if deep else ' SECONDS'}`"
+        )
     try:
         selected = select(_split(only), _split(skip))
     except SelectionError as exc:
         raise DoctorError(str(exc)) from None
+    if textfile is not None:
+        _check_textfile(textfile)
     spec, source = _load_spec(spec_path)
     facts = _read_facts(facts_path) if facts_path else _probe(spec, timeout, deep)
     findings = run_checks(facts, spec, selected)
     code = exit_code(findings, strict)
     head = Header(facts, source, tuple(str(w) for w in spec.warnings) if spec else ())
     if textfile is not None:
-        write_atomic(str(textfile), render_prometheus(findings, head, code))
+        _write_textfile(textfile, render_prometheus(findings, head, code))
     if as_json:
         _emit(render_json(findings, head, code))
     elif prometheus:
         _emit(render_prometheus(findings, head, code))
     else:
-        _emit(render_text(findings, head, verbose, color=sys.stdout.isatty()))
+        _emit(render_text(findings, head, verbose, color=bool(sys.stdout and sys.stdout.isatty())))
     _exit(code)
 
 
-@cli.command()
+@cli.command(cls=OnceCommand)
 @spec_option
 @click.option("--deep", is_flag=True, help="Re-hash staged models (as check --deep).")
-@click.option("--timeout", type=float, help=f"Seconds per probe [default: {QUICK_TIMEOUT_S:g}].")
+@click.option(
+    "--timeout",
+    type=float,
+    callback=_seconds,
+    help=f"Seconds per probe [default: {QUICK_TIMEOUT_S:g}].",
+)
 def snapshot(spec_path: str | None, deep: bool, timeout: float | None) -> None:
     """Print this machine's facts as JSON, to judge elsewhere with `check --facts`."""
     from ct200_tools.facts import dumps  # noqa: PLC0415
@@ -193,11 +292,10 @@ def list_checks(as_json: bool) -> None:
             }
             for c in CHECKS
         ]
-        click.echo(json.dumps(rows, indent=2))
+        _emit(json.dumps(rows, indent=2) + "\n")
         return
     width = max(len(c.id) for c in CHECKS)
-    for c in CHECKS:
-        click.echo(f"{c.id:<{width}}  {c.severity:<7}  {c.title}")
+    _emit("".join(f"{c.id:<{width}}  {c.severity:<7}  {c.title}\n" for c in CHECKS))
 
 
 def _probe(spec: SiteSpec | None, timeout: float | None, deep: bool = False) -> Facts:
@@ -209,14 +307,12 @@ def _probe(spec: SiteSpec | None, timeout: float | None, deep: bool = False) -> 
 
 
 def _read_facts(path: Path) -> Facts:
-    from ct200_tools.facts import loads  # noqa: PLC0415
+    from ct200_tools.facts import read_file  # noqa: PLC0415
 
     try:
-        text = path.read_text(encoding="utf-8")
+        return read_file(path)
     except OSError as exc:
-        raise DoctorError(f"cannot read facts file {path}: {exc.strerror}") from None
-    try:
-        return loads(text)
+        raise DoctorError(f"cannot read facts file {path}: {exc.strerror or exc}") from None
     except FactsFormatError as exc:
         raise DoctorError(f"facts file {path}: {exc}") from None
 

@@ -44,12 +44,22 @@ PROBES: tuple[Probe, ...] = (
     Probe("pci", lambda r, s: probe_pci(r)),
     Probe("nvml", lambda r, s: probe_nvml(r)),
     Probe("memory", lambda r, s: probe_memory(r)),
-    Probe("models", lambda r, s: _probe_models(r, s.models) if s else ()),
+    Probe("models", lambda r, s: _probe_models(r, s.models if s else None)),
 )
 PROBE_NAMES = ("cuda", *(p.name for p in PROBES))
 
 
-def _probe_models(r: Reader, models: tuple[ModelSpec, ...]) -> tuple[ModelFacts, ...]:
+#: Why a snapshot without a spec has no models: `check --facts` says so instead of guessing.
+NO_SPEC_MODELS = (
+    "no site spec when the facts were read, so no model was looked at: take the snapshot "
+    "with --spec to judge models.staged"
+)
+
+
+def _probe_models(r: Reader, models: tuple[ModelSpec, ...] | None) -> tuple[ModelFacts, ...] | None:
+    if models is None:
+        r.note("models", NO_SPEC_MODELS)
+        return None
     # Imported here: the staging modules it reads with are needed only when the spec has models.
     from ct200_tools.probes.models import probe_models  # noqa: PLC0415
 
@@ -105,7 +115,9 @@ def collect(
         else:
             fields[name] = t.value
             runs.append(ProbeRun(name, round(t.duration, 3)))
-    if child is not None:
+    if child is None:
+        r.note("cuda", "cuInit not probed (collect(cuda=False))")
+    else:
         try:
             facts_cuda = child.result()
         except Exception as exc:  # noqa: BLE001 - like the threads: a probe bug is a fact

@@ -138,14 +138,15 @@ def probe_function(r: Reader, bdf: str) -> PciFacts:
     )
 
 
-def probe_pci(r: Reader) -> tuple[PciFacts, ...]:
-    """Every NVIDIA display/3D controller function (class 0x03xxxx); audio functions skipped."""
+def probe_pci(r: Reader) -> tuple[PciFacts, ...] | None:
+    """Every NVIDIA display/3D controller function (class 0x03xxxx); audio functions skipped.
+    None when the bus cannot be listed: unknown, which is not "no GPU"."""
     base = "/sys/bus/pci/devices"
     try:
         names = r.listdir(base)
     except OSError as exc:
         r.note("pci", f"cannot list {base}: {exc.strerror}")
-        return ()
+        return None
     gpus = []
     for bdf in names:
         if _read_str(r, f"{base}/{bdf}/vendor") != NVIDIA_VENDOR:

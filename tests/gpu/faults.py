@@ -1,7 +1,8 @@
 """Inject real device-access faults for the GPU tests, the way the incident happened.
 
-- deny_major: a cgroup-v2 BPF device program (what LXC attaches for lxc.cgroup2.devices.allow)
-  that denies one character major; the child runs inside that cgroup.
+- run_denied: a cgroup-v2 BPF device program (what LXC attaches for lxc.cgroup2.devices.allow)
+  that denies one character major (nvidia-uvm's, or 195: nvidiactl and every GPU node); the
+  child runs inside that new cgroup, which alone carries the program.
 - replace_node: a private mount namespace where another node is bind-mounted over a device
   node (a stale node whose major no longer matches /proc/devices).
 Linux, root and x86_64 only; stdlib + ctypes, so it runs where nothing can be installed.
@@ -12,9 +13,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import signal
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -71,19 +74,42 @@ def load_device_program(deny_major: int) -> int:
     return _bpf(BPF_PROG_LOAD, attr)
 
 
+def cgroup2_root() -> Path:
+    """The cgroup v2 hierarchy: /sys/fs/cgroup, or its `unified` mount on a hybrid machine."""
+    for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+        if (root / "cgroup.controllers").exists():
+            return root
+    raise OSError("no cgroup v2 hierarchy under /sys/fs/cgroup")
+
+
 def run_denied(
-    argv: Sequence[str], deny_major: int, cgroup_root: str = "/sys/fs/cgroup", timeout: float = 120
+    argv: Sequence[str],
+    deny_major: int,
+    cgroup_root: str | None = None,
+    timeout: float = 120,
 ) -> subprocess.CompletedProcess[str]:
-    """Run argv in a fresh cgroup whose device program denies `deny_major`."""
-    cg = Path(cgroup_root) / f"ct200-fault-{os.getpid()}"
-    cg.mkdir(exist_ok=True)
-    prog_fd = load_device_program(deny_major)
-    cg_fd = os.open(cg, os.O_RDONLY | os.O_DIRECTORY)
+    """Run argv in a fresh child cgroup whose device program denies `deny_major`.
+
+    Only that new cgroup is affected: the program is attached to it alone (never to the root
+    or the test's own cgroup), so denying even c 195:* leaves the machine's GPU usable; and
+    the cgroup is emptied (every process in it killed) and removed afterwards, also when argv
+    hangs or the attach fails, so no denying cgroup outlives the test."""
+    root = Path(cgroup_root) if cgroup_root else cgroup2_root()
+    if not (root / "cgroup.controllers").exists():
+        raise OSError(f"{root} is not a cgroup v2 hierarchy")
+    cg = root / f"ct200-fault-{os.getpid()}-{deny_major}"
+    cg.mkdir()
     try:
-        _bpf(
-            BPF_PROG_ATTACH,
-            struct.pack("<IIII", cg_fd, prog_fd, BPF_CGROUP_DEVICE, BPF_F_ALLOW_MULTI),
-        )
+        prog_fd = load_device_program(deny_major)
+        cg_fd = os.open(cg, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            _bpf(
+                BPF_PROG_ATTACH,
+                struct.pack("<IIII", cg_fd, prog_fd, BPF_CGROUP_DEVICE, BPF_F_ALLOW_MULTI),
+            )
+        finally:
+            os.close(cg_fd)
+            os.close(prog_fd)  # the attachment holds the program; our fd is not needed
         procs = str(cg / "cgroup.procs")
 
         def enter() -> None:  # runs in the child between fork and exec
@@ -99,10 +125,31 @@ def run_denied(
             check=False,
         )
     finally:
-        os.close(cg_fd)
-        os.close(prog_fd)
-        with contextlib.suppress(OSError):
+        remove_cgroup(cg)
+
+
+def remove_cgroup(cg: Path, wait_s: float = 10.0) -> None:
+    """Kill whatever is left in `cg` (a CUDA child of a timed-out doctor) and remove it."""
+    with contextlib.suppress(OSError):
+        (cg / "cgroup.kill").write_text("1")  # kernel >= 5.14: the whole cgroup at once
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            pids = [int(p) for p in (cg / "cgroup.procs").read_text().split()]
+        except OSError:
+            pids = []
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        try:
             cg.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def run_with_node_replaced(

@@ -23,6 +23,8 @@ def main(out: Path) -> None:
     )
     major = parse_proc_devices(Path("/proc/devices").read_text())["nvidia-uvm"]
     (out / "h200-uvm-denied.json").write_text(faults.run_denied(snap, major).stdout)
+    nvidia = parse_proc_devices(Path("/proc/devices").read_text())["nvidia"]
+    (out / "h200-c195-denied.json").write_text(faults.run_denied(snap, nvidia).stdout)
     (out / "h200-uvm-stale.json").write_text(
         faults.run_with_node_replaced(snap, "/dev/nvidia-uvm", "/dev/null").stdout
     )

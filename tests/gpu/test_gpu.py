@@ -29,6 +29,11 @@ def uvm_major() -> int:
     return parse_proc_devices(Path("/proc/devices").read_text())["nvidia-uvm"]
 
 
+def nvidia_major() -> int:
+    """195 on every driver so far: /dev/nvidiactl and each /dev/nvidiaN."""
+    return parse_proc_devices(Path("/proc/devices").read_text())["nvidia"]
+
+
 def doctor_json(result: subprocess.CompletedProcess[str]) -> dict[str, dict[str, object]]:
     assert result.stdout, result.stderr
     return {c["id"]: c for c in json.loads(result.stdout)["checks"]}
@@ -132,10 +137,14 @@ def test_cgroup_denying_uvm_is_diagnosed(machine_spec: Path, raw_lxc_spec: Path)
     assert cuda["status"] == "fail"
     assert f"denies c {major}:0 (nvidia-uvm)" in str(cuda["summary"])
     assert "EPERM" in str(cuda["summary"])
+    assert cuda["caused_by"] == "dev.open"
     fix = cuda["remediation"]
     assert isinstance(fix, dict)
+    assert fix == checks["dev.open"]["remediation"]
     assert fix["where"] == "host"
-    assert fix["command"] == "devN: /dev/nvidia-uvm,mode=0666"
+    lines = str(fix["command"]).splitlines()
+    for node in ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"):  # both denied, both passed through
+        assert any(line.endswith(f": {node},mode=0666") for line in lines), lines
     assert checks["dev.open"]["status"] == "fail"
     assert checks["dev.majors"]["status"] == "pass"  # the node is right; the cgroup is not
     raw = doctor_json(
@@ -144,6 +153,60 @@ def test_cgroup_denying_uvm_is_diagnosed(machine_spec: Path, raw_lxc_spec: Path)
     raw_fix = raw["gpu.cuda_init"]["remediation"]
     assert isinstance(raw_fix, dict)
     assert f"lxc.cgroup2.devices.allow: c {major}:* rwm" in str(raw_fix["command"])
+
+
+def test_cgroup_denying_c195_is_one_root_cause_with_one_complete_fix(
+    machine_spec: Path, raw_lxc_spec: Path, smi_gpus: list[dict[str, str]]
+) -> None:
+    """Issue 9: with c 195:* denied (nvidiactl and every GPU node), dev.open is the one root
+    cause; cuInit and NVML failing are its consequences, carrying its fix, not leads of their
+    own; and that fix passes through every denied node, so applying it once is enough. The
+    denial applies to a child cgroup only: the machine's GPU still works afterwards."""
+    major = nvidia_major()
+    truth = faults.run_denied([sys.executable, "-c", CUINIT], major)
+    assert truth.stdout.strip() not in ("", "0"), truth  # the fault really breaks CUDA
+    r = faults.run_denied(faults.doctor_argv("check", "--json", "--spec", str(machine_spec)), major)
+    assert r.returncode == 2, r.stderr
+    doc = json.loads(r.stdout)
+    checks = {c["id"]: c for c in doc["checks"]}
+    assert doc["root_causes"] == ["dev.open"], doc["root_causes"]
+    root = checks["dev.open"]
+    assert root["status"] == "fail" and root["caused_by"] is None
+    nodes = ["/dev/nvidiactl", *(f"/dev/nvidia{g['index']}" for g in smi_gpus)]
+    for node in nodes:
+        assert any(f"open({node}) = EPERM" in e for e in root["evidence"]), (node, root)
+    for cid, c in checks.items():
+        if c["status"] == "fail" and cid != "dev.open":
+            assert c["caused_by"] == "dev.open", (cid, c)
+            assert c["remediation"] == root["remediation"], cid  # no contradicting fix
+    assert checks["gpu.cuda_init"]["status"] == "fail"
+    assert checks["gpu.cuda_init"]["caused_by"] == "dev.open"
+    assert "denies c 195:" in checks["gpu.cuda_init"]["summary"]
+    assert checks["driver.nvml"]["status"] == "pass" or checks["driver.nvml"]["caused_by"] == (
+        "dev.open"
+    )
+    fix = root["remediation"]
+    assert fix["where"] == "host" and fix["tag"] == "lxc_passthrough"
+    lines = fix["command"].splitlines()
+    for node in nodes:  # every denied node, numbered devK lines to paste once
+        assert any(line.endswith(f": {node},mode=0666") for line in lines), (node, lines)
+    assert [line.split(":")[0] for line in lines] == [f"dev{i}" for i in range(len(lines))]
+    text = faults.run_denied(faults.doctor_argv("check", "--spec", str(machine_spec)), major)
+    assert "1 root cause (" in text.stdout and "): dev.open" in text.stdout, text.stdout
+    assert "(because of dev.open)" in text.stdout
+    assert "read the host's kernel log" not in text.stdout  # the wrong lead of issue 9
+    raw = json.loads(
+        faults.run_denied(
+            faults.doctor_argv("check", "--json", "--spec", str(raw_lxc_spec)), major
+        ).stdout
+    )
+    raw_fix = next(c for c in raw["checks"] if c["id"] == "dev.open")["remediation"]
+    assert f"lxc.cgroup2.devices.allow: c {major}:* rwm" in raw_fix["command"].splitlines()
+    # The denial stayed in its cgroup: the machine's GPU works as before.
+    after = subprocess.run(
+        [sys.executable, "-c", CUINIT], capture_output=True, text=True, check=False, timeout=120
+    )
+    assert after.stdout.strip() == "0", after
 
 
 def test_stale_uvm_node_is_diagnosed(machine_spec: Path) -> None:

@@ -27,7 +27,7 @@ from ct200_tools.checks import (
 from ct200_tools.checks.base import Check, Context, Finding, Outcome, run_check
 from ct200_tools.docs import render
 from ct200_tools.facts import Facts, RemappedRows, StagedTreeFacts, loads
-from ct200_tools.report import Exit, exit_code
+from ct200_tools.report import Exit, exit_code, root_causes
 from ct200_tools.spec import SiteSpec, load_spec
 from tests.fixtures import derive_ct200
 
@@ -81,16 +81,28 @@ def test_recorded_healthy_h200_has_no_failure(h200: SiteSpec) -> None:
     assert exit_code(list(got.values())) == Exit.OK
 
 
+H200_BLOCK = [
+    "dev0: /dev/nvidia0,mode=0666",
+    "dev1: /dev/nvidiactl,mode=0666",
+    "dev2: /dev/nvidia-uvm,mode=0666",
+    "dev3: /dev/nvidia-uvm-tools,mode=0666",
+]
+
+
 def test_recorded_uvm_denied_names_cgroup_and_fix(h200: SiteSpec) -> None:
     got = by_id(run_checks(facts("h200-uvm-denied"), h200))
     cuda = got["gpu.cuda_init"]
     assert cuda.status == "fail"
     assert "denies c 238:0 (nvidia-uvm)" in cuda.summary
     assert "EPERM" in cuda.summary
+    assert cuda.caused_by == "dev.open"
     assert cuda.remediation is not None
+    assert cuda.remediation == got["dev.open"].remediation  # the root's fix, not its own
     # The H200 machine reads as a container (/.dockerenv): the fix goes to the host config.
     assert cuda.remediation.where == "host"
-    assert cuda.remediation.command == "devN: /dev/nvidia-uvm,mode=0666"
+    # Both uvm nodes are denied: the block passes every node through, numbered to paste once.
+    assert cuda.remediation.command is not None
+    assert cuda.remediation.command.splitlines() == H200_BLOCK
     assert cuda.remediation.tag == "lxc_passthrough"
     assert got["dev.open"].status == "fail"
     assert got["dev.majors"].status == "pass"
@@ -109,37 +121,48 @@ def test_recorded_stale_node_names_the_major(h200: SiteSpec) -> None:
 
 
 def test_no_driver_machine_fails_driver_check_with_fix() -> None:
+    """The recorded VM has no NVIDIA GPU on its PCI bus either: the finding says it is not a GPU
+    machine, and suggests no modprobe that could not work (issue 9)."""
     got = by_id(run_checks(facts("nodriver-vm"), None))
-    assert got["driver.module"].status == "fail"
-    assert got["driver.module"].remediation is not None
-    assert "modprobe nvidia" in (got["driver.module"].remediation.command or "")
+    module = got["driver.module"]
+    assert module.status == "fail"
+    assert module.summary == (
+        "no NVIDIA GPU on the PCI bus and no NVIDIA kernel module: not a GPU machine"
+    )
+    assert module.remediation is not None
+    assert module.remediation.command == "lspci -nn -d 10de:"
+    assert "modprobe" not in module.remediation.action + (module.remediation.command or "")
     assert got["dev.nodes"].status == "skip"  # one root cause, not a cascade of failures
     assert got["gpu.count"].status == "skip"
+    for cid in ("driver.nvml", "gpu.cuda_init"):
+        assert got[cid].status == "fail" and got[cid].caused_by == "driver.module", got[cid]
+        assert got[cid].remediation == module.remediation
+    assert root_causes(list(got.values())) == ["driver.module"]
     assert exit_code(list(got.values())) == Exit.FAILURES
 
 
-def test_ct200_container_healthy(ct200: SiteSpec) -> None:
-    got = by_id(run_checks(facts("ct200-ct-healthy"), ct200))
-    assert {k: f.summary for k, f in got.items() if f.status in ("fail", "warn")} == {}
-    assert got["tune.pcie_mrrs"].status == "skip"  # 64 readable bytes: says so, never guesses
-    assert "on the host" in got["tune.pcie_mrrs"].summary
-    link = got["gpu.pcie_link"]
-    assert link.status == "pass"
-    assert any("idle downshift is normal" in e for e in link.evidence)
-    assert got["topo.tp_numa"].status == "pass"
-    assert got["topo.p2p"].status == "pass"
+CT200_BLOCK = [
+    *(f"dev{i}: /dev/nvidia{i},mode=0666" for i in range(8)),
+    "dev8: /dev/nvidiactl,mode=0666",
+    "dev9: /dev/nvidia-uvm,mode=0666",
+    "dev10: /dev/nvidia-uvm-tools,mode=0666",
+]
 
 
-def test_ct200_incident_gives_the_devn_line(ct200: SiteSpec) -> None:
+def test_ct200_incident_gives_the_devn_block(ct200: SiteSpec) -> None:
     got = by_id(run_checks(facts("ct200-ct-incident"), ct200))
     cuda = got["gpu.cuda_init"]
     assert cuda.status == "fail"
     assert cuda.summary.startswith("cuInit returned 999 CUDA_ERROR_UNKNOWN")
     assert "denies c 511:0 (nvidia-uvm)" in cuda.summary
+    assert cuda.caused_by == "dev.open"
     assert cuda.remediation is not None
-    assert cuda.remediation.command == "devN: /dev/nvidia-uvm,mode=0666"
+    assert cuda.remediation.command is not None
+    assert cuda.remediation.command.splitlines() == CT200_BLOCK
     assert "/etc/pve/lxc/200.conf" in cuda.remediation.action
     assert "pct reboot 200" in cuda.remediation.action
+    # The reboot wiped /dev/shm too: a second, independent root cause.
+    assert root_causes(list(got.values())) == ["dev.open", "models.staged"]
 
 
 def test_tp8_across_sockets_warns_with_cost(ct200: SiteSpec) -> None:
@@ -181,6 +204,13 @@ def test_models_staging_in_progress_warns_and_lost_source_says_so(ct200: SiteSpe
     got = by_id(run_checks(dataclasses.replace(f, models=lost), ct200))["models.staged"]
     assert got.status == "fail" and "persistent copy is missing" in got.summary
     assert got.remediation is not None and "restore the persistent copy" in got.remediation.action
+    # The command is the action's sequence, to paste once the copy is back: verify, then stage.
+    assert got.remediation.command == (
+        "ct200-stage verify /tank/models/Qwen3.6-27B "
+        "--manifest /var/lib/ct200/manifests/qwen3.6-27b.json && "
+        "ct200-stage stage qwen3.6-27b --spec /etc/ct200/site.yml"
+    )
+    assert got.remediation.tag == "staging"
 
 
 def test_models_in_a_snapshot_of_an_older_doctor_are_judged_as_recorded(ct200: SiteSpec) -> None:
@@ -389,6 +419,13 @@ def _no_uvm_node(f: Facts) -> Facts:
     return dataclasses.replace(f, devices=dataclasses.replace(f.devices, nodes=nodes))
 
 
+def _no_uvm_driver(f: Facts) -> Facts:
+    """nvidia_uvm not loaded: no nvidia-uvm in /proc/devices (its nodes stay as they were)."""
+    assert f.devices is not None
+    majors = {k: v for k, v in f.devices.majors.items() if k != "nvidia-uvm"}
+    return dataclasses.replace(f, devices=dataclasses.replace(f.devices, majors=majors))
+
+
 def _gpu0_numa(node: int) -> Callable[[Facts], Facts]:
     def edit(f: Facts) -> Facts:
         assert f.pci is not None
@@ -421,6 +458,7 @@ EXAMPLES: dict[str, tuple[Example, ...]] = {
     "driver.nvml": (
         Example("h200-healthy", None, "pass"),
         Example("nodriver-vm", None, "fail"),
+        Example("h200-c195-denied", None, "fail"),
     ),
     "driver.versions": (
         Example("h200-healthy", None, "pass"),
@@ -434,11 +472,14 @@ EXAMPLES: dict[str, tuple[Example, ...]] = {
         Example("h200-healthy", "h200", "pass"),
         Example("h200-uvm-stale", "h200", "fail"),
         Example("h200x2-uvm-stale", "h200x2", "fail"),
+        Example("h200-healthy", "h200", "fail", _no_uvm_driver),
     ),
     "dev.open": (
         Example("h200-healthy", "h200", "pass"),
         Example("h200-uvm-denied", "h200", "fail"),
         Example("ct200-ct-incident", "ct200", "fail"),
+        Example("h200-c195-denied", "h200", "fail"),
+        Example("ct200-ct-c195-denied", "ct200", "fail"),
     ),
     "gpu.cuda_init": (
         Example("h200-healthy", "h200", "pass"),
@@ -446,6 +487,7 @@ EXAMPLES: dict[str, tuple[Example, ...]] = {
         Example("h200-uvm-denied", "h200", "fail"),
         Example("h200-uvm-stale", "h200", "fail"),
         Example("nodriver-vm", None, "fail"),
+        Example("h200-c195-denied", "h200", "fail"),
     ),
     "gpu.count": (
         Example("h200-healthy", "h200", "pass"),
@@ -571,7 +613,11 @@ def test_needs_hold_on_every_fixture() -> None:
         for s in ("h200",)
     ]
     runs += [(f"h200x2-{k}", "h200x2") for k in ("healthy", "uvm-denied", "uvm-stale")]
-    runs += [(f"ct200-{k}", "ct200") for k in ("ct-healthy", "ct-incident", "host-drift")]
+    runs += [
+        (f"ct200-{k}", "ct200")
+        for k in ("ct-healthy", "ct-incident", "host-drift", "ct-c195-denied")
+    ]
+    runs += [("h200-c195-denied", "h200"), ("h200-c195-denied", None)]
     runs += [("nodriver-vm", None), ("nodriver-vm", "ct200")]
     for name, spec in runs:
         ctx = Context(facts(name), spec_named(spec) if spec else None)

@@ -35,7 +35,11 @@ def test_check_on_this_driverless_machine_fails_driver_and_exits_2() -> None:
     no_traceback(r)
     assert r.returncode == 2
     assert "[✗] driver.module" in r.stdout
-    assert "modprobe nvidia" in r.stdout
+    # No NVIDIA GPU on this machine's PCI bus: it says so, and suggests no modprobe (issue 9).
+    assert "not a GPU machine" in r.stdout
+    assert "$ lspci -nn -d 10de:" in r.stdout
+    assert "modprobe" not in r.stdout
+    assert "1 root cause (3 failed checks): driver.module" in r.stdout
 
 
 def test_json_report_schema() -> None:
@@ -59,8 +63,14 @@ def test_json_report_schema() -> None:
         }
         assert c["status"] in ("pass", "warn", "fail", "skip", "error")
     assert doc["checks"][0]["title"] == "NVIDIA kernel module loaded"
+    assert doc["root_causes"] == ["dev.open", "models.staged"]
     cuda = next(c for c in doc["checks"] if c["id"] == "gpu.cuda_init")
-    assert cuda["remediation"]["command"] == "devN: /dev/nvidia-uvm,mode=0666"
+    assert cuda["caused_by"] == "dev.open"
+    assert cuda["remediation"]["command"].splitlines()[8:] == [
+        "dev8: /dev/nvidiactl,mode=0666",
+        "dev9: /dev/nvidia-uvm,mode=0666",
+        "dev10: /dev/nvidia-uvm-tools,mode=0666",
+    ]
     assert cuda["remediation"]["where"] == "host"
 
 
@@ -109,6 +119,7 @@ def test_prometheus_textfile(tmp_path: Path) -> None:
     assert 'ct200_doctor_check{check="gpu.cuda_init",severity="error",status="fail"} 1' in lines
     assert 'ct200_doctor_check{check="gpu.cuda_init",severity="error",status="pass"} 0' in lines
     assert "ct200_doctor_exit_code 2" in lines
+    assert "ct200_doctor_root_causes 2" in lines  # dev.open, models.staged
     assert list(tmp_path.iterdir()) == [out]  # no temporary file left behind
 
 
@@ -325,3 +336,245 @@ def test_a_run_that_checks_nothing_is_not_clean() -> None:
     assert r.returncode == 2, r.stdout
     assert "[-] tune.pcie_mrrs" in r.stdout
     assert "nothing was checked: every selected check was skipped" in r.stdout
+
+
+# -- issue 9, section 4: facts files that must be refused, saying what and where ---------------
+INCIDENT = str(FIX / "ct200-ct-incident.json")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            (FIX / "h200-healthy.json")
+            .read_text()
+            .replace('"vm"', '"caf\u00e9"', 1)
+            .encode("latin-1"),
+            "not UTF-8: byte 0xe9 at line 4, column 19",
+        ),
+        ((FIX / "h200-healthy.json").read_text().encode("utf-16"), "encoded as UTF-16LE"),
+        (
+            b'{"schema_version": 1,\n "memory": {"shm_size": ' + b"7" * 5000 + b"}}",
+            "an integer of 5000 digits at line 2, column 25: no fact has more than 24",
+        ),
+        (
+            (FIX / "h200-healthy.json")
+            .read_text()
+            .replace('"nvml": {', '"nvml": null, "x": {', 1)
+            .encode(),
+            "facts.nvml is null and facts.unreadable.nvml does not say why",
+        ),
+    ],
+    ids=["latin-1", "utf-16", "5000-digits", "null-section"],
+)
+def test_facts_file_encoding_numbers_and_null_sections(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
+    p = tmp_path / "facts.json"
+    p.write_bytes(content)
+    r = doctor("check", "--facts", str(p))
+    no_traceback(r)
+    assert r.returncode == 2, r.stderr
+    assert f"ct200-doctor: facts file {p}: {message}" in r.stderr
+    assert "internal error" not in r.stderr and r.stdout == ""
+
+
+def test_facts_from_dev_zero_ends_with_exit_2() -> None:
+    r = doctor("check", "--facts", "/dev/zero")
+    no_traceback(r)
+    assert r.returncode == 2
+    assert "larger than 64 MiB: not a facts snapshot" in r.stderr
+
+
+# -- section 5: output plumbing ----------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("{tmp}/typo/ct200.prom", "{tmp}/typo does not exist; the doctor creates no directories"),
+        ("{tmp}/file/ct200.prom", "{tmp}/file is not a directory"),
+        ("/proc/ct200.prom", "cannot create files in /proc (a kernel filesystem)"),
+        ("/sys/ct200.prom", "cannot create files in /sys (a kernel filesystem)"),
+        ("{tmp}", "is a directory"),
+    ],
+    ids=["missing-dir", "file-as-dir", "proc", "sys", "a-directory"],
+)
+def test_textfile_target_refused_before_anything(tmp_path: Path, target: str, message: str) -> None:
+    (tmp_path / "file").write_text("x")
+    before = sorted(tmp_path.rglob("*"))
+    t = target.format(tmp=tmp_path)
+    r = doctor("check", "--facts", INCIDENT, "--textfile", t)
+    no_traceback(r)
+    assert r.returncode == 2
+    assert message.format(tmp=tmp_path) in r.stderr, r.stderr
+    assert "--textfile" in r.stderr and t in r.stderr  # names the target, no temporary file
+    assert ".tmp-" not in r.stderr and r.stdout == ""
+    assert sorted(tmp_path.rglob("*")) == before  # no directory created, nothing left
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--json", "--prometheus"), "--json and --prometheus both choose what is printed"),
+        (("--facts", INCIDENT), "--facts given 2 times: give it once"),
+        (("--spec", CT200, "--spec", CT200), "--spec given 2 times: give it once"),
+        (("--textfile=/tmp/a.prom", "--textfile", "/tmp/b.prom"), "--textfile given 2 times"),
+        (("--deep",), "--deep changes how this machine is probed, and --facts probes nothing"),
+        (("--timeout", "5"), "--timeout changes how this machine is probed"),
+    ],
+    ids=["json-prometheus", "facts-twice", "spec-twice", "textfile-twice", "deep", "timeout"],
+)
+def test_conflicting_or_ignored_flags_are_usage_errors(args: tuple[str, ...], message: str) -> None:
+    r = doctor("check", "--facts", INCIDENT, *args)
+    no_traceback(r)
+    assert r.returncode == 2
+    assert message in r.stderr, r.stderr
+    assert r.stdout == ""
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "-inf", "1e9", "soon"])
+def test_timeout_must_be_a_sane_number_of_seconds(value: str) -> None:
+    for command in ("check", "snapshot"):
+        r = doctor(command, f"--timeout={value}")
+        no_traceback(r)
+        assert r.returncode == 2, (command, r.stdout)
+        assert "Invalid value for '--timeout'" in r.stderr
+        assert "driver hung" not in r.stdout + r.stderr
+
+
+def test_spec_from_the_environment_and_the_flag_is_no_repeat() -> None:
+    import os  # noqa: PLC0415
+
+    r = doctor(
+        "check", "--facts", INCIDENT, "--spec", CT200, env={**os.environ, "CT200_SPEC": CT200}
+    )
+    assert r.returncode == 2 and "given 2 times" not in r.stderr
+
+
+def test_a_reader_leaving_early_keeps_the_exit_code() -> None:
+    """`ct200-doctor check | head -1`: the pipe closes before the report is written; the exit
+    code is still the verdict's (was 1, click's EPIPE code) and nothing is printed about it."""
+    import os  # noqa: PLC0415
+
+    for facts, want in ((INCIDENT, 2), (str(FIX / "ct200-ct-healthy.json"), 0)):
+        for fmt in ((), ("--json",)):
+            read, write = os.pipe()
+            os.close(read)  # the reader is gone before the doctor writes
+            try:
+                r = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "ct200_tools.cli.entry",
+                        "check",
+                        "--facts",
+                        facts,
+                        "--spec",
+                        CT200,
+                        *fmt,
+                    ],
+                    stdout=write,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    check=False,
+                    timeout=60,
+                    cwd=ROOT,
+                )
+            finally:
+                os.close(write)
+            assert r.returncode == want, (facts, fmt, r.stderr)
+            assert r.stderr == "", r.stderr
+
+
+def test_list_checks_into_a_closed_pipe_exits_0() -> None:
+    import os  # noqa: PLC0415
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "ct200_tools.cli.entry", "list-checks"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+            timeout=60,
+            cwd=ROOT,
+        )
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (0, "")
+
+
+def test_a_closed_stdout_keeps_the_exit_code_and_says_so() -> None:
+    for facts, want in ((INCIDENT, 2), (str(FIX / "ct200-ct-healthy.json"), 0)):
+        r = subprocess.run(
+            [
+                "sh",
+                "-c",
+                'exec "$@" >&-',
+                "sh",
+                sys.executable,
+                "-m",
+                "ct200_tools.cli.entry",
+                "check",
+                "--facts",
+                facts,
+                "--spec",
+                CT200,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+            cwd=ROOT,
+        )
+        assert r.returncode == want, r.stderr
+        no_traceback(r)
+        assert "standard output is closed: the report is not shown" in r.stderr
+
+
+# -- section 6: messages -------------------------------------------------------------------------
+def test_no_spec_is_said_once() -> None:
+    r = doctor("check", "--facts", str(FIX / "nodriver-vm.json"))
+    assert r.stdout.count("pass --spec FILE") == 1, r.stdout
+    assert r.stdout.splitlines()[1] == (
+        "no site spec, so 11 checks that need one are skipped: pass --spec FILE or an inventory "
+        "dir, or install /etc/ct200/site.yml (playbooks/site.yml does)"
+    )
+    assert "[-] gpu.count            needs the site spec" in r.stdout
+
+
+def test_snapshot_without_spec_explains_the_models_check(tmp_path: Path) -> None:
+    snap = doctor("snapshot")
+    assert snap.returncode == 0
+    path = tmp_path / "facts.json"
+    path.write_text(snap.stdout)
+    r = doctor("check", "--facts", str(path), "--spec", CT200, "--only", "models.staged")
+    assert "[-] models.staged" in r.stdout
+    assert "models not probed" in r.stdout
+    assert "no site spec when the facts were read" in r.stdout  # the reason, from the snapshot
+    # An older snapshot (an empty list, no reason recorded) still gets a reason, not a guess.
+    old = doctor(
+        "check", "--facts", str(FIX / "nodriver-vm.json"), "--spec", CT200, "--only", "models"
+    )
+    assert "a snapshot taken without a site spec looks at none" in old.stdout
+
+
+def test_cuda_init_says_the_libcuda_error_once() -> None:
+    r = doctor("check", "--facts", str(FIX / "nodriver-vm.json"), "--json")
+    cuda = next(c for c in json.loads(r.stdout)["checks"] if c["id"] == "gpu.cuda_init")
+    assert cuda["summary"] == (
+        "CUDA unavailable: libcuda.so.1 not found (cannot open shared object file: No such file "
+        "or directory); the NVIDIA kernel module is not loaded"
+    )
+
+
+def test_no_plural_slips_on_any_fixture() -> None:
+    """ "1 GPUs", "2 device node(s)": counts agree with their nouns in every report."""
+    import re  # noqa: PLC0415
+
+    bad = re.compile(r"\(s\)|\b1 (GPUs|devices|nodes|device nodes|models|warnings|checks|chunks)\b")
+    for path in sorted(FIX.glob("*.json")):
+        for spec in ((), ("--spec", CT200)):
+            out = doctor("check", "--facts", str(path), "-v", *spec).stdout
+            assert not bad.search(out), (path.name, bad.search(out))

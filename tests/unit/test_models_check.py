@@ -210,7 +210,7 @@ def test_deep_rehash_reads_every_byte_through_the_reader(rooted: tuple[Path, Mod
     v = stage_verdict(deep)
     assert v.state == "mismatch"
     assert v.errors == (
-        "/dev/shm/models/tiny: 1 chunk(s) do not match the manifest",
+        "/dev/shm/models/tiny: 1 chunk does not match the manifest",
         f"model-00001-of-00003.safetensors: bytes {CHUNK}-{2 * CHUNK} (chunk 1) do not match "
         "the manifest",
     )

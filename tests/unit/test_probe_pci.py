@@ -280,5 +280,5 @@ def test_probe_pci_mrrs_512(tmp_path: Path) -> None:
 
 def test_probe_pci_without_sysfs(tmp_path: Path) -> None:
     r = Reader(root=tmp_path)
-    assert probe_pci(r) == ()
+    assert probe_pci(r) is None  # unknown, which is not "no GPU on the bus"
     assert "cannot list /sys/bus/pci/devices" in r.unreadable["pci"]

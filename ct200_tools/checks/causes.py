@@ -1,0 +1,166 @@
+"""Root causes as data: which check's failure explains another check's failure.
+
+One fault often fails several checks: with c 195:* denied, dev.open fails, cuInit fails and
+nvmlInit says "Unknown Error". Only the first is the cause; the others are its consequences,
+and a consequence offering its own fix ("read the kernel log") is a wrong lead. Each rule below
+names an effect, the root whose failure explains it, and the facts in which that holds (a
+denied /dev/nvidia-uvm explains cuInit failing, not NVML failing: NVML never opens it).
+run_checks (checks/__init__.py) applies the first rule, in this order, whose root fails and
+whose condition holds: the effect then names the root (`caused_by`, followed to the end of the
+chain: dev.nodes <- dev.majors), carries the root's fix instead of its own, and the report shows
+it under its root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ct200_tools.checks import dev
+from ct200_tools.checks.base import Context
+
+
+@dataclass(frozen=True)
+class Cause:
+    effect: str
+    root: str
+    #: When the link holds, for docs/checks.md.
+    when: str
+    holds: Callable[[Context], bool]
+
+
+def _always(ctx: Context) -> bool:
+    return True
+
+
+#: Nodes NVML opens: nvidiactl and the GPUs' own (not nvidia-uvm, which only CUDA needs).
+def _nvml_opens(path: str) -> bool:
+    return path == "/dev/nvidiactl" or dev.driver_of(path) == "nvidia"
+
+
+def _cuda_returned_error(ctx: Context) -> bool:
+    """cuInit ran and failed (libcuda loaded, no timeout): a node problem can explain it."""
+    c = ctx.facts.cuda
+    return c is not None and c.code not in (None, 0) and not c.timed_out
+
+
+def _nvml_failed_on_nodes(ctx: Context) -> bool:
+    """NVML could not start, and not because its library is missing (that is no node's fault)."""
+    why = ctx.facts.unreadable.get("nvml") or ""
+    return ctx.facts.nvml is None and not ("not installed" in why or "Library Not Found" in why)
+
+
+def _nodes(kinds: tuple[str, ...], nvml_only: bool = False) -> Callable[[Context], bool]:
+    def holds(ctx: Context) -> bool:
+        return any(
+            pr.kind in kinds and (not nvml_only or _nvml_opens(pr.path)) for pr in dev.problems(ctx)
+        )
+
+    return holds
+
+
+def _both(*conds: Callable[[Context], bool]) -> Callable[[Context], bool]:
+    return lambda ctx: all(c(ctx) for c in conds)
+
+
+def _uvm_not_registered(ctx: Context) -> bool:
+    d = ctx.facts.devices
+    return d is not None and "nvidia-uvm" not in d.majors
+
+
+def _missing_only_unregistered(ctx: Context) -> bool:
+    """Every missing node belongs to a driver /proc/devices does not list (nvidia_uvm not
+    loaded): loading it creates them, so the missing nodes are no separate fault."""
+    d = ctx.facts.devices
+    if d is None:
+        return False
+    missing = [pr for pr in dev.problems(ctx) if pr.kind == "missing"]
+    return bool(missing) and all(dev.driver_of(pr.path) not in d.majors for pr in missing)
+
+
+def _no_gpu_on_bus(ctx: Context) -> bool:
+    return ctx.facts.nvml is None and ctx.facts.pci is not None and not ctx.facts.pci
+
+
+def _versions_differ(ctx: Context) -> bool:
+    k, n = ctx.facts.kernel, ctx.facts.nvml
+    module = k.nvidia_module_version if k else None
+    user = n.driver_version if n else None
+    return bool(module and user) and module != user
+
+
+_MISSING = ("missing", "not_char")
+_STALE = ("wrong_major",)
+_OPEN = dev.OPEN_FAILURES
+
+CAUSES: tuple[Cause, ...] = (
+    Cause("driver.nvml", "driver.module", "the NVIDIA kernel module is not loaded", _always),
+    Cause("gpu.cuda_init", "driver.module", "the NVIDIA kernel module is not loaded", _always),
+    Cause(
+        "gpu.count",
+        "driver.module",
+        "no NVIDIA GPU on the PCI bus and no NVML (not a GPU machine)",
+        _no_gpu_on_bus,
+    ),
+    Cause(
+        "dev.nodes",
+        "dev.majors",
+        "every missing node belongs to a driver that /proc/devices does not list "
+        "(nvidia_uvm not loaded)",
+        _missing_only_unregistered,
+    ),
+    Cause(
+        "gpu.cuda_init",
+        "dev.majors",
+        "cuInit returned an error and nvidia_uvm is not loaded",
+        _both(_cuda_returned_error, _uvm_not_registered),
+    ),
+    Cause(
+        "gpu.cuda_init",
+        "dev.nodes",
+        "cuInit returned an error and a node it opens is missing",
+        _both(_cuda_returned_error, _nodes(_MISSING)),
+    ),
+    Cause(
+        "driver.nvml",
+        "dev.nodes",
+        "NVML failed (its library loaded) and /dev/nvidiactl or a /dev/nvidiaN is missing",
+        _both(_nvml_failed_on_nodes, _nodes(_MISSING, nvml_only=True)),
+    ),
+    Cause(
+        "gpu.cuda_init",
+        "dev.majors",
+        "cuInit returned an error and a node it opens has a stale major",
+        _both(_cuda_returned_error, _nodes(_STALE)),
+    ),
+    Cause(
+        "driver.nvml",
+        "dev.majors",
+        "NVML failed (its library loaded) and /dev/nvidiactl or a /dev/nvidiaN has a stale major",
+        _both(_nvml_failed_on_nodes, _nodes(_STALE, nvml_only=True)),
+    ),
+    Cause(
+        "gpu.cuda_init",
+        "dev.open",
+        "cuInit returned an error and a node it opens cannot be opened (EPERM: the device "
+        "cgroup denies it; EACCES; ENXIO)",
+        _both(_cuda_returned_error, _nodes(_OPEN)),
+    ),
+    Cause(
+        "driver.nvml",
+        "dev.open",
+        'NVML failed (its library loaded; e.g. nvmlInit\'s "Unknown Error") and /dev/nvidiactl '
+        "or a /dev/nvidiaN cannot be opened",
+        _both(_nvml_failed_on_nodes, _nodes(_OPEN, nvml_only=True)),
+    ),
+    Cause(
+        "gpu.cuda_init",
+        "driver.versions",
+        "cuInit returned an error and the userspace driver is not the kernel module's version",
+        _both(_cuda_returned_error, _versions_differ),
+    ),
+)
+
+
+def rules_for(effect: str) -> tuple[Cause, ...]:
+    return tuple(c for c in CAUSES if c.effect == effect)

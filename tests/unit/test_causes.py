@@ -1,0 +1,352 @@
+"""Root causes (checks/causes.py): one fault, one root, one fix.
+
+Judged on facts recorded on the real H200 (uvm denied, c 195 denied, stale uvm node, no
+driver), the CT200 cases derived from them, and faults derived here from the healthy
+recording with each edit spelled out (named `derived: ...`). Every rule of the table links in
+at least one case, and the cases where a rule must not link are tested too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ct200_tools.checks import run_checks
+from ct200_tools.checks.causes import CAUSES
+from ct200_tools.facts import CudaFacts, DevNode, Facts, loads
+from ct200_tools.report import Exit, Header, exit_code, render_text, root_causes
+from ct200_tools.spec import SiteSpec, load_spec
+
+ROOT = Path(__file__).parents[2]
+FACTS = ROOT / "tests" / "fixtures" / "facts"
+SPECS = {
+    "ct200": ROOT / "inventory" / "ct200",
+    "h200": ROOT / "benchmarks" / "doctor" / "h200-site.yml",
+    "h200x2": ROOT / "benchmarks" / "doctor" / "h200x2-site.yml",
+}
+
+
+@functools.cache
+def recorded(name: str) -> Facts:
+    return loads((FACTS / f"{name}.json").read_text())
+
+
+@functools.cache
+def spec(name: str) -> SiteSpec:
+    return load_spec(SPECS[name])
+
+
+# -- derived faults: each a few edits of the healthy H200 recording ---------------------------
+def _nodes(f: Facts, edit: Callable[[DevNode], DevNode]) -> Facts:
+    assert f.devices is not None
+    nodes = tuple(edit(n) for n in f.devices.nodes)
+    return dataclasses.replace(f, devices=dataclasses.replace(f.devices, nodes=nodes))
+
+
+def _gone(*paths: str) -> Callable[[DevNode], DevNode]:
+    def edit(n: DevNode) -> DevNode:
+        if n.path in paths:
+            return DevNode(n.path, exists=False)
+        return n
+
+    return edit
+
+
+def _cuda(f: Facts, code: int, name: str) -> Facts:
+    assert f.cuda is not None
+    return dataclasses.replace(
+        f, cuda=dataclasses.replace(f.cuda, code=code, name=name, device_count=None)
+    )
+
+
+def _no_nvml(f: Facts, why: str) -> Facts:
+    return dataclasses.replace(f, nvml=None, unreadable={**f.unreadable, "nvml": why})
+
+
+def module_unloaded(f: Facts) -> Facts:
+    """derived: the host booted without the nvidia module: no version file, no majors, no
+    nodes, NVML "Driver Not Loaded", cuInit 100 (GPUs still on the PCI bus)."""
+    assert f.kernel is not None and f.devices is not None
+    f = dataclasses.replace(
+        f,
+        kernel=dataclasses.replace(f.kernel, nvidia_module_version=None),
+        devices=dataclasses.replace(
+            f.devices, majors={k: v for k, v in f.devices.majors.items() if "nvidia" not in k}
+        ),
+    )
+    f = _nodes(f, _gone(*(n.path for n in f.devices.nodes if n.path.startswith("/dev/nvidia"))))
+    return _cuda(_no_nvml(f, "nvmlInit failed: Driver Not Loaded"), 100, "CUDA_ERROR_NO_DEVICE")
+
+
+def uvm_unloaded(f: Facts) -> Facts:
+    """derived: nvidia loaded, nvidia_uvm not (a headless host at boot): no nvidia-uvm in
+    /proc/devices, no uvm nodes, cuInit 999."""
+    assert f.devices is not None
+    majors = {k: v for k, v in f.devices.majors.items() if k != "nvidia-uvm"}
+    f = dataclasses.replace(f, devices=dataclasses.replace(f.devices, majors=majors))
+    f = _nodes(f, _gone("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"))
+    return _cuda(f, 999, "CUDA_ERROR_UNKNOWN")
+
+
+def uvm_node_missing(f: Facts) -> Facts:
+    """derived: nvidia_uvm loaded but its node never made (no nvidia-modprobe -u): cuInit 999."""
+    return _cuda(_nodes(f, _gone("/dev/nvidia-uvm")), 999, "CUDA_ERROR_UNKNOWN")
+
+
+def ctl_missing(f: Facts) -> Facts:
+    """derived: /dev/nvidiactl not passed through: NVML and cuInit fail as with c 195 denied."""
+    f = _nodes(f, _gone("/dev/nvidiactl"))
+    return _cuda(_no_nvml(f, "nvmlInit failed: Unknown Error"), 100, "CUDA_ERROR_NO_DEVICE")
+
+
+def ctl_stale(f: Facts) -> Facts:
+    """derived: /dev/nvidiactl is c 1:3 (a leftover node), as the recorded stale uvm node."""
+
+    def edit(n: DevNode) -> DevNode:
+        return dataclasses.replace(n, major=1, minor=3) if n.path == "/dev/nvidiactl" else n
+
+    f = _nodes(f, edit)
+    return _cuda(_no_nvml(f, "nvmlInit failed: Unknown Error"), 999, "CUDA_ERROR_UNKNOWN")
+
+
+def versions_differ(f: Facts) -> Facts:
+    """derived: a container's userspace driver older than the host module: cuInit 803."""
+    assert f.nvml is not None
+    f = dataclasses.replace(f, nvml=dataclasses.replace(f.nvml, driver_version="575.51.03"))
+    return _cuda(f, 803, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH")
+
+
+def nvml_library_missing(f: Facts) -> Facts:
+    """derived: the uvm-denied recording where NVML's library is not installed either: two
+    faults, so two roots (a missing library is no node's fault)."""
+    return _no_nvml(f, "nvmlInit failed: NVML Shared Library Not Found")
+
+
+def cuda_timed_out(f: Facts) -> Facts:
+    """derived: the uvm-denied recording where cuInit hung: a hang is not what a denied node
+    does, so gpu.cuda_init stays a root of its own."""
+    return dataclasses.replace(
+        f, cuda=CudaFacts(timed_out=True, duration_s=10.0, error="cuInit did not return")
+    )
+
+
+@dataclass(frozen=True)
+class Case:
+    facts: str
+    spec: str | None
+    roots: tuple[str, ...]
+    #: Every failing consequence and its root.
+    links: dict[str, str]
+    edit: Callable[[Facts], Facts] = lambda f: f
+
+    def run(self) -> list:  # type: ignore[type-arg]
+        return run_checks(self.edit(recorded(self.facts)), spec(self.spec) if self.spec else None)
+
+
+CASES = {
+    "h200-uvm-denied": Case(
+        "h200-uvm-denied", "h200", ("dev.open",), {"gpu.cuda_init": "dev.open"}
+    ),
+    "h200x2-uvm-denied": Case(
+        "h200x2-uvm-denied", "h200x2", ("dev.open",), {"gpu.cuda_init": "dev.open"}
+    ),
+    "h200-c195-denied": Case(
+        "h200-c195-denied",
+        "h200",
+        ("dev.open",),
+        {"driver.nvml": "dev.open", "gpu.cuda_init": "dev.open"},
+    ),
+    "ct200-ct-c195-denied": Case(
+        "ct200-ct-c195-denied",
+        "ct200",
+        ("dev.open",),
+        {"driver.nvml": "dev.open", "gpu.cuda_init": "dev.open"},
+    ),
+    "h200-uvm-stale": Case(
+        "h200-uvm-stale", "h200", ("dev.majors",), {"gpu.cuda_init": "dev.majors"}
+    ),
+    "h200x2-uvm-stale": Case(
+        "h200x2-uvm-stale", "h200x2", ("dev.majors",), {"gpu.cuda_init": "dev.majors"}
+    ),
+    "ct200-ct-incident": Case(
+        "ct200-ct-incident", "ct200", ("dev.open", "models.staged"), {"gpu.cuda_init": "dev.open"}
+    ),
+    "nodriver-vm": Case(
+        "nodriver-vm",
+        None,
+        ("driver.module",),
+        {"driver.nvml": "driver.module", "gpu.cuda_init": "driver.module"},
+    ),
+    "nodriver-vm-with-spec": Case(
+        "nodriver-vm",
+        "h200",
+        ("driver.module",),
+        {
+            "driver.nvml": "driver.module",
+            "gpu.cuda_init": "driver.module",
+            "gpu.count": "driver.module",
+        },
+    ),
+    "derived-module-unloaded": Case(
+        "h200-healthy",
+        "h200",
+        ("driver.module",),
+        {"driver.nvml": "driver.module", "gpu.cuda_init": "driver.module"},
+        module_unloaded,
+    ),
+    "derived-uvm-unloaded": Case(
+        "h200-healthy",
+        "h200",
+        ("dev.majors",),
+        {"dev.nodes": "dev.majors", "gpu.cuda_init": "dev.majors"},
+        uvm_unloaded,
+    ),
+    "derived-uvm-node-missing": Case(
+        "h200-healthy", "h200", ("dev.nodes",), {"gpu.cuda_init": "dev.nodes"}, uvm_node_missing
+    ),
+    "derived-ctl-missing": Case(
+        "h200-healthy",
+        "h200",
+        ("dev.nodes",),
+        {"driver.nvml": "dev.nodes", "gpu.cuda_init": "dev.nodes"},
+        ctl_missing,
+    ),
+    "derived-ctl-stale": Case(
+        "h200-healthy",
+        "h200",
+        ("dev.majors",),
+        {"driver.nvml": "dev.majors", "gpu.cuda_init": "dev.majors"},
+        ctl_stale,
+    ),
+    "derived-versions-differ": Case(
+        "h200-healthy",
+        "h200",
+        ("driver.versions",),
+        {"gpu.cuda_init": "driver.versions"},
+        versions_differ,
+    ),
+    "derived-nvml-library-missing": Case(
+        "h200-uvm-denied",
+        "h200",
+        ("driver.nvml", "dev.open"),
+        {"gpu.cuda_init": "dev.open"},
+        nvml_library_missing,
+    ),
+    "derived-cuda-timed-out": Case(
+        "h200-uvm-denied", "h200", ("dev.open", "gpu.cuda_init"), {}, cuda_timed_out
+    ),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_one_root_per_fault_and_the_roots_fix(name: str) -> None:
+    case = CASES[name]
+    findings = case.run()
+    got = {f.id: f for f in findings}
+    assert root_causes(findings) == list(case.roots)
+    failing = {f.id: f.caused_by for f in findings if f.status == "fail" and f.caused_by}
+    assert failing == case.links
+    for effect, root in case.links.items():
+        # A consequence carries its root's fix: never one of its own that leads elsewhere.
+        assert got[effect].remediation == got[root].remediation, effect
+        assert got[root].caused_by is None
+    for f in findings:  # every blocked skip points at a root, never at a consequence
+        if f.status == "skip" and f.caused_by:
+            assert f.caused_by in case.roots, f
+    assert exit_code(findings) == Exit.FAILURES
+
+
+def test_every_rule_links_in_some_case() -> None:
+    """The table is data: each rule is shown to link, on recorded or derived facts."""
+    linked = {
+        (f.id, f.caused_by)
+        for case in CASES.values()
+        for f in case.run()
+        if f.status == "fail" and f.caused_by
+    }
+    # A link through a chain names the end root; rules whose root is itself a consequence
+    # there (dev.nodes <- dev.majors) show as the direct pair in the chain's own case.
+    assert {(c.effect, c.root) for c in CAUSES} <= linked | {("dev.nodes", "dev.majors")}
+    assert ("dev.nodes", "dev.majors") in linked
+
+
+def test_c195_denied_fix_passes_every_denied_node_through(ct200: SiteSpec) -> None:
+    got = {f.id: f for f in CASES["ct200-ct-c195-denied"].run()}
+    root = got["dev.open"]
+    denied = ["/dev/nvidiactl", *(f"/dev/nvidia{i}" for i in range(8))]
+    for node in denied:
+        assert any(f"open({node}) = EPERM" in e for e in root.evidence), node
+    assert root.remediation is not None and root.remediation.command is not None
+    lines = root.remediation.command.splitlines()
+    assert lines == [
+        *(f"dev{i}: /dev/nvidia{i},mode=0666" for i in range(8)),
+        "dev8: /dev/nvidiactl,mode=0666",
+        "dev9: /dev/nvidia-uvm,mode=0666",
+        "dev10: /dev/nvidia-uvm-tools,mode=0666",
+    ]
+    raw = dataclasses.replace(ct200, pve=dataclasses.replace(ct200.pve, passthrough="raw-lxc"))
+    raw_got = {f.id: f for f in run_checks(recorded("ct200-ct-c195-denied"), raw)}
+    fix = raw_got["dev.open"].remediation
+    assert fix is not None and fix.command == "lxc.cgroup2.devices.allow: c 195:* rwm"
+    assert raw_got["driver.nvml"].remediation == fix
+
+
+def test_uvm_not_loaded_says_so_with_modprobe() -> None:
+    got = {f.id: f for f in CASES["derived-uvm-unloaded"].run()}
+    majors = got["dev.majors"]
+    assert majors.status == "fail"
+    assert majors.summary == (
+        "nvidia-uvm is not in /proc/devices: the nvidia_uvm kernel module is not loaded"
+    )
+    assert majors.remediation is not None
+    assert majors.remediation.command == "modprobe nvidia_uvm && nvidia-modprobe -u -c0"
+    assert majors.remediation.tag == "host_devices"
+    assert majors.remediation.where == "host"  # the recording reads as a container
+    assert "pct reboot 200" in majors.remediation.action
+
+
+def test_module_not_loaded_with_gpus_on_the_bus_gives_modprobe() -> None:
+    got = {f.id: f for f in CASES["derived-module-unloaded"].run()}
+    module = got["driver.module"]
+    assert module.summary == "NVIDIA kernel module not loaded (/proc/driver/nvidia/version absent)"
+    assert module.evidence == ("1 NVIDIA GPU on the PCI bus",)
+    assert module.remediation is not None
+    assert module.remediation.command == (
+        "modprobe nvidia && modprobe nvidia_uvm && nvidia-modprobe -u -c0"
+    )
+
+
+def _text(case: str) -> list[str]:
+    c = CASES[case]
+    f = c.edit(recorded(c.facts))
+    out = render_text(c.run(), Header(f, c.spec))
+    return out.splitlines()
+
+
+def test_text_puts_consequences_under_their_root() -> None:
+    lines = _text("h200-c195-denied")
+    marks = [line for line in lines if "[✗]" in line]
+    assert [m.split()[1] if not m.startswith(" ") else "  " + m.split()[1] for m in marks] == [
+        "dev.open",
+        "  driver.nvml",
+        "  gpu.cuda_init",
+    ]
+    assert marks[1].startswith("    [✗] driver.nvml")
+    assert marks[1].endswith(
+        "NVML unavailable: nvmlInit failed: Unknown Error (because of dev.open)"
+    )
+    assert "(because of dev.open)" in marks[2]
+    # One fix, the root's; not the consequence's "read the host's kernel log".
+    assert sum(1 for line in lines if "→ fix" in line) == 1
+    assert not any("kernel log" in line for line in lines)
+    assert "1 root cause (3 failed checks): dev.open" in lines
+
+
+@pytest.fixture(scope="module")
+def ct200() -> SiteSpec:
+    return spec("ct200")
