@@ -15,6 +15,7 @@ import click
 
 from ct200_tools import __version__
 from ct200_tools.checks import CHECKS, SelectionError, run_checks, select
+from ct200_tools.checks.base import plural
 from ct200_tools.cli.options import spec_option
 from ct200_tools.facts import Facts, FactsFormatError
 from ct200_tools.fsutil import write_atomic
@@ -269,8 +270,9 @@ def validate(spec_path: str | None) -> None:
     for w in spec.warnings:
         click.echo(f"warning: {w}", err=True)
     click.echo(
-        f"{choice.describe()}: valid ({spec.gpus.count} GPUs, {len(spec.models)} models, "
-        f"{len(spec.servers)} servers, {len(spec.enabled_servers)} enabled)"
+        f"{choice.describe()}: valid ({plural(spec.gpus.count, 'GPU')}, "
+        f"{plural(len(spec.models), 'model')}, {plural(len(spec.servers), 'server')}, "
+        f"{len(spec.enabled_servers)} enabled)"
     )
 
 

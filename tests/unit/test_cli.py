@@ -176,7 +176,15 @@ def test_malformed_spec(tmp_path: Path) -> None:
 def test_validate_example_site() -> None:
     r = doctor("validate", CT200)
     assert r.returncode == 0, r.stderr
-    assert "valid (8 GPUs" in r.stdout
+    assert "valid (8 GPUs, 4 models, 4 servers, 2 enabled)" in r.stdout
+
+
+def test_validate_counts_one_gpu_in_the_singular(tmp_path: Path) -> None:
+    site = tmp_path / "site.yml"
+    site.write_text("ct200_site:\n  gpus: {count: 1, model: H200}\n", encoding="utf-8")
+    r = doctor("validate", str(site))
+    assert r.returncode == 0, r.stderr
+    assert "valid (1 GPU, 0 models, 0 servers, 0 enabled)" in r.stdout
 
 
 def test_unknown_check_and_list_checks() -> None:
