@@ -8,8 +8,8 @@ dev:
 	bash scripts/setup.sh
 
 lint:
-	$(VENV)/bin/ruff check ct200_tools tests benchmarks
-	$(VENV)/bin/ruff format --check ct200_tools tests benchmarks
+	$(VENV)/bin/ruff check ct200_tools plugins tests benchmarks
+	$(VENV)/bin/ruff format --check ct200_tools plugins tests benchmarks
 	$(VENV)/bin/mypy
 
 # Ansible: yamllint and ansible-lint (production profile, offline; .ansible-lint), and
