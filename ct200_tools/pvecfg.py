@@ -107,6 +107,12 @@ def classify(text: str) -> Line:
     return Line(text, "unparsed")
 
 
+def as_pve_reads(text: str) -> str:
+    """A key line as `pct config` prints it: ``key: value``, with PVE's separator and spacing."""
+    line = classify(text)
+    return f"{line.key}: {line.value}" if line.kind in ("key", "lxc") else text
+
+
 def is_section_header(text: str) -> bool:
     return bool(_PENDING.match(text) or _SECTION.match(text))
 

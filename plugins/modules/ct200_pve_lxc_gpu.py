@@ -8,7 +8,7 @@ shipped to the host as module_utils/ct200_pvecfg.py (ct200-tools is not installe
 from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.ct200_pvecfg import PveConfigError, Want, apply
+from ansible.module_utils.ct200_pvecfg import PveConfigError, Want, apply, as_pve_reads
 
 DOCUMENTATION = r"""
 module: ct200_pve_lxc_gpu
@@ -98,6 +98,11 @@ lines:
   returned: always
   type: list
   elements: str
+config_lines:
+  description: The same lines as C(pct config) prints them (PVE's separator and spacing).
+  returned: always
+  type: list
+  elements: str
 added:
   description: Lines written (new or replacing a stale one).
   returned: always
@@ -146,6 +151,7 @@ def main() -> None:
         "changed": edit.changed,
         "vmid": result.vmid,
         "lines": list(edit.managed),
+        "config_lines": [as_pve_reads(t) for t in edit.managed],
         "added": list(edit.added),
         "removed": list(edit.removed),
         "majors": result.majors,
