@@ -21,7 +21,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -135,7 +134,8 @@ def engine(reps: int) -> dict[str, Any]:
         conf = Path(tmp) / f"{BENCH_VMID}.conf"
         for mode in pvecfg.PASSTHROUGH:
             want = pvecfg.Want(DEVICES, mode)
-            first, again = [], []
+            first: list[float] = []
+            again: list[float] = []
             for _ in range(reps):
                 conf.write_text(CONFIG)
                 for times in (first, again):
@@ -222,18 +222,10 @@ def measure(inventory: Path, reps: int, tmp: Path) -> dict[str, Any]:
     return results
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=5, help="runs of each play (default 5)")
-    parser.add_argument("--module-reps", type=int, default=200, help="in-process module runs")
-    parser.add_argument("--inventory", type=Path, help="a running testbed's inventory")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    args = parser.parse_args()
-    results: dict[str, Any] = {"module": engine(args.module_reps), "reps": args.reps}
-
+def on_testbed(inventory: Path | None, reps: int) -> dict[str, Any]:
+    """The figures of the given testbed, or of one this run brings up (and takes down)."""
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ct200-bench-host-")))
-        inventory = args.inventory
         if inventory is None:
             slot = claim_test_slot(Settings.from_env(), stack)
             if slot is None:
@@ -241,9 +233,23 @@ def main() -> int:
             harness = Harness(slot)
             stack.callback(harness.down, True)
             inventory = harness.up(SPECS, fresh=True).inventory
-        results.update(measure(inventory, args.reps, tmp))
-        shutil.rmtree(tmp, ignore_errors=True)
+        return measure(inventory, reps, tmp)
 
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5, help="runs of each play (default 5)")
+    parser.add_argument("--module-reps", type=int, default=200, help="in-process module runs")
+    parser.add_argument("--inventory", type=Path, help="a running testbed's inventory")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--module-only", action="store_true", help="only the in-process module figures (no testbed)"
+    )
+    args = parser.parse_args()
+    results: dict[str, Any] = {"module": engine(args.module_reps), "reps": args.reps}
+
+    if not args.module_only:
+        results.update(on_testbed(args.inventory, args.reps))
     if args.json:
         print(json.dumps(results, indent=1))
     else:

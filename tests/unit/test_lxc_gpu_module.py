@@ -153,3 +153,28 @@ def test_site_playbook_lists_the_host_tags() -> None:
         for tag in line.split("[", 1)[1].rstrip("]").split(",")
     }
     assert set(HOST_TAGS) <= tags, tags
+
+
+def test_host_benchmark_module_figures_at_the_smoke_size() -> None:
+    """benchmarks/host's one-line command, its in-process part at the smallest size (the
+    testbed part runs in tests/testbed/test_host_roles.py)."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks/host/bench.py"),
+            "--module-only",
+            "--module-reps",
+            "2",
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    module = json.loads(proc.stdout)["module"]
+    assert (module["lines"], module["devices"]) == (40, 11)
+    for mode in ("devn", "raw-lxc"):
+        assert module[mode]["first_ms"] > 0 and module[mode]["converged_ms"] > 0
