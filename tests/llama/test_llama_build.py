@@ -1,6 +1,6 @@
 """The cached llama-server build: self-contained enough for the testbed's rootfs, built once.
 
-Which Debian the rootfs is: ct200_tools/testbed/config.py (SUITE, TARGET_GLIBC).
+Which Debian the rootfs is: testbed/config.py (SUITE, TARGET_GLIBC).
 """
 
 from __future__ import annotations

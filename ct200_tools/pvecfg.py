@@ -1,0 +1,607 @@
+"""Proxmox VE container configs (/etc/pve/lxc/<vmid>.conf): parse, edit the GPU passthrough
+lines, write the way PVE itself does.
+
+Stdlib only and Python 3.9+: this same file runs on the PVE host as the Ansible module's
+module_utils (plugins/module_utils/ct200_pvecfg.py is a link to it), and PVE 7 ships 3.9. One
+file on purpose, parser and editor and writer together: Ansible ships it to the host as one.
+
+What it keeps (../shared/domain.md section 3):
+
+* Only the main section is ever edited; everything from the first ``[snapshot]`` or
+  ``[pve:pending]`` header on is kept byte for byte (appending at EOF would land in a snapshot).
+* Every other line stays as it was, in its place: comments, unknown keys, odd spacing, bytes
+  that are not UTF-8. Lines are classified the way pve-container's parse_pct_config does.
+* The lines it owns (devN entries for the managed nodes, lxc.mount.entry for them, device
+  allow rules for the NVIDIA majors and for stale dynamic majors) are replaced in place,
+  never duplicated; a new line goes next to its kind.
+* Writes like PVE::Tools::file_set_contents: ``<file>.tmp.<pid>`` in the same directory,
+  created with the file's own mode (no chmod, no chown: pmxcfs refuses both), renamed over the
+  config; while holding pve-container's config lock (flock on
+  /run/lock/lxc/pve-config-<vmid>.lock), so `pct set` or the web UI cannot interleave.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+LOCK_DIR = "/run/lock/lxc"
+#: pve-container waits this long for its config lock (PVE::AbstractConfig::lock_config).
+LOCK_TIMEOUT = 10.0
+#: pve-container's limit: dev0 .. dev255.
+MAX_DEV = 256
+#: The mount options raw-lxc passthrough gives each node (create the file, skip a missing node).
+MOUNT_OPTIONS = "none bind,optional,create=file"
+ALLOW_KEY = "lxc.cgroup2.devices.allow"
+#: The cgroup v1 key: ignored on PVE 7+ (cgroup v2), replaced by ALLOW_KEY when it is ours.
+ALLOW_KEY_V1 = "lxc.cgroup.devices.allow"
+MOUNT_KEY = "lxc.mount.entry"
+PASSTHROUGH = ("devn", "raw-lxc")
+
+# pve-container's parse_pct_config, line by line (PVE/LXC/Config.pm).
+_PENDING = re.compile(r"^\[pve:pending\]\s*$", re.IGNORECASE)
+_SECTION = re.compile(r"^\[([a-z][a-z0-9_\-]+)\]\s*$", re.IGNORECASE)
+_BLANK = re.compile(r"^\s*$")
+_LXC = re.compile(r"^(lxc\.[a-z0-9_\-.]+)(:|\s*=)\s*(.*?)\s*$")
+_DESCRIPTION = re.compile(r"^(description):\s*(.*\S)\s*$")
+_KEY = re.compile(r"^([a-z][a-z_]*\d*):\s*(.+?)\s*$")
+_DEV = re.compile(r"^dev(\d+)$")
+_ALLOW = re.compile(r"^([abc])\s+(\*|\d+):(\*|\d+)\s+([rwm]+)$")
+
+#: Linux hands out dynamic char majors from these ranges (fs/char_dev.c); an allow rule for one
+#: that no driver holds now is a leftover, like the incident's rule for an old nvidia-uvm major.
+DYNAMIC_MAJORS = (range(234, 255), range(384, 512))
+
+#: Node families by /proc/devices name, as the doctor maps them (ct200_tools/checks/devices.py).
+NODE_PATTERNS = (
+    (re.compile(r"^/dev/nvidia(\d+|ctl|-modeset)$"), "nvidia"),
+    (re.compile(r"^/dev/nvidia-uvm(-tools)?$"), "nvidia-uvm"),
+    (re.compile(r"^/dev/nvidia-caps/nvidia-cap\d+$"), "nvidia-caps"),
+    (re.compile(r"^/dev/nvidia-nvswitch(\d+|ctl)$"), "nvidia-nvswitch"),
+    (re.compile(r"^/dev/nvidia-nvlink$"), "nvidia-nvlink"),
+)
+#: /proc/devices names of the nvidia (195) major, by driver generation.
+NVIDIA_NAMES = ("nvidia", "nvidia-frontend", "nvidiactl")
+
+
+class PveConfigError(Exception):
+    """Bad input: the message says what and how to fix it; nothing was written."""
+
+
+class LockTimeout(PveConfigError):
+    pass
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of the main section, without its newline, classified as PVE would."""
+
+    text: str
+    kind: str  # blank | comment | lxc | key | unparsed
+    key: str = ""
+    value: str = ""
+
+    @property
+    def dev_index(self) -> int | None:
+        m = _DEV.match(self.key) if self.kind == "key" else None
+        return int(m.group(1)) if m else None
+
+
+def classify(text: str) -> Line:
+    if _BLANK.match(text):
+        return Line(text, "blank")
+    if text.startswith("#"):
+        return Line(text, "comment")
+    m = _LXC.match(text)
+    if m:
+        return Line(text, "lxc", m.group(1), m.group(3))
+    m = _DESCRIPTION.match(text) or _KEY.match(text)
+    if m:
+        return Line(text, "key", m.group(1), m.group(2))
+    return Line(text, "unparsed")
+
+
+def as_pve_reads(text: str) -> str:
+    """A key line as `pct config` prints it: ``key: value``, with PVE's separator and spacing."""
+    line = classify(text)
+    return f"{line.key}: {line.value}" if line.kind in ("key", "lxc") else text
+
+
+def is_section_header(text: str) -> bool:
+    return bool(_PENDING.match(text) or _SECTION.match(text))
+
+
+@dataclass(frozen=True)
+class Config:
+    """A parsed config: the main section's lines, and the rest of the file untouched."""
+
+    lines: tuple[Line, ...]
+    #: Whether the main section's last line ends with a newline.
+    final_newline: bool
+    #: Everything from the first section header on, byte for byte ("" when there is none).
+    rest: str
+
+    def render(self) -> str:
+        main = "\n".join(line.text for line in self.lines)
+        if self.lines and (self.final_newline or self.rest):
+            main += "\n"
+        return main + self.rest
+
+    def main_value(self, key: str) -> str | None:
+        return next((ln.value for ln in self.lines if ln.kind == "key" and ln.key == key), None)
+
+    def unparsed(self) -> list[tuple[int, str]]:
+        """(line number, text) of main-section lines PVE itself would not understand."""
+        return [(i + 1, ln.text) for i, ln in enumerate(self.lines) if ln.kind == "unparsed"]
+
+    def pending_dev_indexes(self) -> set[int]:
+        """devN indexes a pending change would add: a new entry must not take them."""
+        out: set[int] = set()
+        pending = False
+        for text in self.rest.split("\n"):
+            if _PENDING.match(text) or _SECTION.match(text):
+                pending = bool(_PENDING.match(text))
+                continue
+            line = classify(text)
+            if pending and line.dev_index is not None:
+                out.add(line.dev_index)
+        return out
+
+
+def parse(text: str) -> Config:
+    """Never fails and never drops a byte: ``parse(t).render() == t`` for every string t."""
+    offset = 0
+    while offset < len(text):
+        end = text.find("\n", offset)
+        end = len(text) if end < 0 else end
+        if is_section_header(text[offset:end]):
+            break
+        offset = end + 1
+    main, rest = text[:offset], text[offset:]
+    if offset > len(text):  # the last line had no newline and no header followed
+        main, rest = text, ""
+    final_newline = main.endswith("\n")
+    body = main[:-1] if final_newline else main
+    lines = tuple(classify(t) for t in body.split("\n")) if main else ()
+    return Config(lines, final_newline, rest)
+
+
+# --- /proc/devices ---------------------------------------------------------------------------
+
+
+def parse_proc_devices(text: str) -> dict[str, int]:
+    """Character-device majors by driver name (the first major a name has)."""
+    majors: dict[str, int] = {}
+    in_char = False
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.endswith(":"):
+            in_char = line == "Character devices:"
+            continue
+        parts = line.split()
+        if in_char and len(parts) == 2 and parts[0].isdigit():
+            majors.setdefault(parts[1], int(parts[0]))
+    return majors
+
+
+def read_proc_devices(path: str) -> dict[str, int]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return parse_proc_devices(fh.read())
+    except OSError as exc:
+        raise PveConfigError(f"cannot read {path}: {exc.strerror}") from exc
+
+
+def driver_of(path: str) -> str | None:
+    """The /proc/devices name whose major a node has, or None for a node we do not pass."""
+    return next((name for pattern, name in NODE_PATTERNS if pattern.match(path)), None)
+
+
+def major_of(driver: str, majors: dict[str, int]) -> int | None:
+    names = NVIDIA_NAMES if driver == "nvidia" else (driver,)
+    return next((majors[n] for n in names if n in majors), None)
+
+
+def is_dynamic(major: int) -> bool:
+    return any(major in r for r in DYNAMIC_MAJORS)
+
+
+# --- the GPU passthrough lines ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Want:
+    """What the managed lines should be.
+
+    ``devices``: host node paths (e.g. /dev/nvidia0, /dev/nvidia-uvm); ``passthrough``: devn
+    (``devN: <path>,mode=<mode>``) or raw-lxc (allow rules for the majors in ``majors`` plus one
+    bind mount per node); ``majors``: /proc/devices, required for raw-lxc.
+    """
+
+    devices: tuple[str, ...]
+    passthrough: str = "devn"
+    mode: str = "0666"
+    majors: dict[str, int] | None = None
+
+
+@dataclass(frozen=True)
+class _Item:
+    kind: str  # dev | allow | mount
+    ident: str  # dev, mount: the node path; allow: the major, or "stale"
+    key: str
+    value: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    before: str
+    after: str
+    #: The managed lines after the edit, in file order.
+    managed: tuple[str, ...]
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+
+def validate(want: Want) -> None:
+    if want.passthrough not in PASSTHROUGH:
+        raise PveConfigError(
+            f"passthrough must be one of {', '.join(PASSTHROUGH)}, not {want.passthrough!r}"
+        )
+    if not want.devices:
+        raise PveConfigError("devices is empty: list the host nodes to pass, e.g. /dev/nvidia0")
+    unknown = [d for d in want.devices if driver_of(d) is None]
+    if unknown:
+        raise PveConfigError(
+            f"cannot map device path(s) {', '.join(unknown)} to an NVIDIA driver: "
+            "ct200_pve_lxc_gpu passes /dev/nvidiaN, /dev/nvidiactl, /dev/nvidia-modeset, "
+            "/dev/nvidia-uvm, /dev/nvidia-uvm-tools, /dev/nvidia-caps/nvidia-capN, "
+            "/dev/nvidia-nvswitchN and /dev/nvidia-nvlink; fix the list"
+        )
+    if not re.fullmatch(r"0?[0-7]{3}", want.mode):
+        raise PveConfigError(f"mode must be an octal access mode like 0666, not {want.mode!r}")
+
+
+def _wanted(want: Want) -> list[_Item]:
+    devices = list(dict.fromkeys(want.devices))
+    if want.passthrough == "devn":
+        mode = want.mode.rjust(4, "0")
+        return [_Item("dev", d, "dev", f"{d},mode={mode}") for d in devices]
+    majors = want.majors or {}
+    items: list[_Item] = []
+    for d in devices:
+        drv = driver_of(d) or ""
+        major = major_of(drv, majors)
+        if major is None:
+            hint = (
+                "modprobe nvidia_uvm && nvidia-modprobe -u -c0"
+                if drv == "nvidia-uvm"
+                else f"load the driver that registers {drv}"
+            )
+            raise PveConfigError(
+                f"{drv} is not in /proc/devices, so the major of {d} is unknown: raw-lxc mode "
+                f"writes the major the host has now, so load the module first ({hint}; "
+                "playbooks/host.yml --tags host_devices does it, and at every boot), then re-run"
+            )
+        rule = f"c {major}:* rwm"
+        if not any(i.kind == "allow" and i.ident == str(major) for i in items):
+            items.append(_Item("allow", str(major), ALLOW_KEY, rule))
+    items += [_Item("mount", d, MOUNT_KEY, f"{d} {d[1:]} {MOUNT_OPTIONS}") for d in devices]
+    return items
+
+
+def _dev_opts(value: str) -> dict[str, str]:
+    opts: dict[str, str] = {}
+    for part in value.split(","):
+        k, eq, v = part.partition("=")
+        if eq:
+            opts[k.strip()] = v.strip()
+        elif part.strip():
+            opts["path"] = part.strip()
+    return opts
+
+
+def _owned(line: Line, want: Want, ours: set[int], live: set[int] | None) -> _Item | None:
+    """The managed item a line stands for, or None for a line that is not ours: a devN entry
+    or bind mount of a managed node, an allow rule for a major of the managed nodes (``ours``),
+    or a whole-major allow rule for a dynamic major no driver holds (``live``: every major in
+    /proc/devices; None when it was not read)."""
+    paths = set(want.devices)
+    if line.dev_index is not None:
+        path = _dev_opts(line.value).get("path", "")
+        return _Item("dev", path, line.key, line.value) if path in paths else None
+    if line.kind != "lxc":
+        return None
+    if line.key == MOUNT_KEY:
+        source = line.value.split()[0] if line.value.split() else ""
+        return _Item("mount", source, line.key, line.value) if source in paths else None
+    if line.key not in (ALLOW_KEY, ALLOW_KEY_V1):
+        return None
+    m = _ALLOW.match(" ".join(line.value.split()))
+    if not m or m.group(1) != "c" or m.group(2) == "*":
+        return None
+    major = int(m.group(2))
+    if major in ours:
+        return _Item("allow", str(major), line.key, line.value)
+    if live is not None and m.group(3) == "*" and is_dynamic(major) and major not in live:
+        return _Item("allow", "stale", line.key, line.value)
+    return None
+
+
+def _same(item: _Item, line: Line) -> bool:
+    if item.kind == "dev":
+        have = _dev_opts(line.value)
+        want = _dev_opts(item.value)
+        if set(have) != set(want) or have["path"] != want["path"]:
+            return False
+        try:
+            return int(have.get("mode", "x"), 8) == int(want["mode"], 8)
+        except ValueError:
+            return False
+    if line.key != item.key:
+        return False
+    if item.kind == "allow":
+        got = _ALLOW.match(" ".join(line.value.split()))
+        if got is None:
+            return False
+        return (got.group(1), got.group(2), got.group(3), set(got.group(4))) == (
+            "c",
+            item.ident,
+            "*",
+            set("rwm"),
+        )
+    return line.value.split() == item.value.split()
+
+
+def _match(owned: dict[int, _Item], items: list[_Item]) -> tuple[dict[int, _Item], list[_Item]]:
+    """Which owned line (by index) each wanted item takes over; the items no line takes."""
+    placed: dict[int, _Item] = {}
+    unplaced: list[_Item] = []
+    for item in items:
+        key = (item.kind, item.ident)
+        at = next(
+            (i for i, o in owned.items() if i not in placed and (o.kind, o.ident) == key), None
+        )
+        if at is None:
+            unplaced.append(item)
+        else:
+            placed[at] = item
+    # A stale allow rule (an old nvidia-uvm major) becomes the new one, where it stands.
+    for item in [u for u in unplaced if u.kind == "allow"]:
+        at = next((i for i, o in owned.items() if i not in placed and o.ident == "stale"), None)
+        if at is not None:
+            placed[at] = item
+            unplaced.remove(item)
+    return placed, unplaced
+
+
+def _free_dev(used: set[int], path: str) -> str:
+    free = next((n for n in range(MAX_DEV) if n not in used), None)
+    if free is None:
+        raise PveConfigError(f"no free devN index (dev0..dev{MAX_DEV - 1} are taken) for {path}")
+    used.add(free)
+    return f"dev{free}"
+
+
+def plan(config: Config, want: Want) -> Plan:
+    """The edit that makes the managed lines match ``want``; every other line is kept."""
+    validate(want)
+    majors = want.majors
+    ours = {195} | {
+        m
+        for m in (major_of(driver_of(d) or "", majors or {}) for d in want.devices)
+        if m is not None
+    }
+    live = set(majors.values()) if majors is not None else None
+    owned = {
+        i: item
+        for i, item in enumerate(_owned(ln, want, ours, live) for ln in config.lines)
+        if item is not None
+    }
+    placed, unplaced = _match(owned, _wanted(want))
+
+    lines: list[Line] = []
+    added: list[str] = []
+    removed: list[str] = []
+    for i, line in enumerate(config.lines):
+        item = placed.get(i)
+        if i in owned and item is None:
+            removed.append(line.text)
+        elif item is None or _same(item, line):
+            lines.append(line)
+        else:
+            new = classify(f"{line.key if item.kind == 'dev' else item.key}: {item.value}")
+            lines.append(new)
+            removed.append(line.text)
+            added.append(new.text)
+
+    used = {ln.dev_index for ln in lines if ln.dev_index is not None}
+    used |= config.pending_dev_indexes()
+    for item in unplaced:
+        key = _free_dev(used, item.ident) if item.kind == "dev" else item.key
+        new = classify(f"{key}: {item.value}")
+        lines.insert(_insert_at(lines, item), new)
+        added.append(new.text)
+    # An empty main section gets whole lines; elsewhere the last line keeps its own ending.
+    final_newline = config.final_newline or (not config.lines and bool(lines))
+    after = Config(tuple(lines), final_newline, config.rest)
+    managed = tuple(ln.text for ln in lines if _owned(ln, want, ours, live) is not None)
+    return Plan(config.render(), after.render(), managed, tuple(added), tuple(removed))
+
+
+def _insert_at(lines: list[Line], item: _Item) -> int:
+    """Next to the lines of its kind; else a devN entry before the raw lxc lines and a raw line
+    after them (where `pct set` puts them); else after the last line that is not blank."""
+
+    def after_last(pred: Callable[[Line], bool]) -> int | None:
+        found = [i for i, ln in enumerate(lines) if pred(ln)]
+        return found[-1] + 1 if found else None
+
+    end = after_last(lambda ln: ln.kind != "blank") or 0
+    if item.kind == "dev":
+        at = after_last(lambda ln: ln.dev_index is not None)
+        if at is None:
+            at = next((i for i, ln in enumerate(lines) if ln.kind == "lxc"), None)
+        return end if at is None else at
+    keys = (ALLOW_KEY, ALLOW_KEY_V1) if item.kind == "allow" else (MOUNT_KEY,)
+    at = after_last(lambda ln: ln.kind == "lxc" and ln.key in keys)
+    if at is None:
+        at = after_last(lambda ln: ln.kind == "lxc")
+    return end if at is None else at
+
+
+# --- reading and writing the file like PVE ---------------------------------------------------
+
+
+def vmid_of(path: str) -> int:
+    m = re.fullmatch(r"(\d+)\.conf", os.path.basename(path))
+    if not m:
+        raise PveConfigError(
+            f"{path} is not a container config: PVE names them /etc/pve/lxc/<vmid>.conf"
+        )
+    return int(m.group(1))
+
+
+def lock_path(vmid: int, lock_dir: str = LOCK_DIR) -> str:
+    return os.path.join(lock_dir, f"pve-config-{vmid}.lock")
+
+
+@contextlib.contextmanager
+def config_lock(path: str, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
+    """pve-container's config lock: an exclusive flock on ``path``, waited for up to
+    ``timeout`` seconds (PVE::Tools::lock_file_full)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise
+            if time.monotonic() >= deadline:
+                raise LockTimeout(
+                    f"another tool holds {path} (pct set, the web UI, a backup or migration is "
+                    f"changing this container): waited {timeout:g} s and changed nothing; "
+                    "run again when it is done"
+                )
+            time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
+
+
+def read_text(path: str) -> str:
+    """The file as text; bytes that are not UTF-8 survive the round trip (surrogateescape)."""
+    with open(path, "rb") as fh:
+        return fh.read().decode("utf-8", "surrogateescape")
+
+
+def write_like_pve(path: str, text: str) -> None:
+    """PVE::Tools::file_set_contents: ``<file>.tmp.<pid>`` beside it, created with the file's
+    own mode (pmxcfs refuses chmod/chown, and keeps 0640 root:www-data itself), then renamed
+    over it, so a reader sees the old file or the new one, never half of one."""
+    perm = os.stat(path).st_mode & 0o777
+    tmp = f"{path}.tmp.{os.getpid()}"
+    data = text.encode("utf-8", "surrogateescape")
+    fd = -1
+    for _ in range(3):
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, perm)
+            break
+        except FileExistsError:
+            os.unlink(tmp)  # a leftover of a process that had our pid
+    if fd < 0:
+        raise PveConfigError(f"cannot create {tmp}: it keeps reappearing")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.rename(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@dataclass(frozen=True)
+class Result:
+    vmid: int
+    plan: Plan
+    #: Majors the raw-lxc rules use (empty in devn mode).
+    majors: dict[str, int]
+
+
+def check_editable(config: Config, path: str) -> None:
+    """Refuse a config another operation owns, or one with lines PVE cannot read."""
+    lock = config.main_value("lock")
+    if lock is not None:
+        raise PveConfigError(
+            f"{path} has 'lock: {lock}': a {lock} owns container {vmid_of(path)} right now; "
+            f"changed nothing. Wait for it to finish (or `pct unlock {vmid_of(path)}` if it is "
+            "a leftover of a failed run), then run again"
+        )
+    bad = config.unparsed()
+    if bad:
+        shown = "; ".join(f"line {n}: {text!r}" for n, text in bad[:5])
+        raise PveConfigError(
+            f"{path} has line(s) PVE does not understand ({shown}): changed nothing and kept "
+            "them as they are. Fix or remove them (pct config shows what PVE reads), then run "
+            "again"
+        )
+
+
+def apply(
+    path: str,
+    want: Want,
+    *,
+    check: bool = False,
+    proc_devices: str = "/proc/devices",
+    lock_dir: str = LOCK_DIR,
+    timeout: float = LOCK_TIMEOUT,
+) -> Result:
+    """Make the managed lines of ``path`` match ``want``; in check mode, only say what would
+    change. Raises PveConfigError (nothing written) on bad input."""
+    vmid = vmid_of(path)
+    validate(want)
+    if not os.path.isfile(path):
+        raise PveConfigError(
+            f"container {vmid} does not exist on this host: {path} is missing "
+            "(`pct list` shows the containers; fix ct200_site.pve.vmid or create it)"
+        )
+    majors: dict[str, int] = {}
+    if want.passthrough == "raw-lxc":
+        majors = read_proc_devices(proc_devices)
+        if "nvidia-uvm" not in majors:
+            raise PveConfigError(
+                f"nvidia-uvm is not in {proc_devices}: raw-lxc mode writes its current (dynamic) "
+                "major, so load the module first (modprobe nvidia_uvm && nvidia-modprobe -u -c0; "
+                "playbooks/host.yml --tags host_devices does it, and at every boot), then re-run"
+            )
+    elif os.path.exists(proc_devices):
+        majors = read_proc_devices(proc_devices)
+    want = Want(want.devices, want.passthrough, want.mode, majors if majors else None)
+    # Check mode writes nothing, and PVE replaces the file by rename: a read needs no lock.
+    guard = contextlib.nullcontext() if check else config_lock(lock_path(vmid, lock_dir), timeout)
+    with guard:
+        config = parse(read_text(path))
+        check_editable(config, path)
+        edit = plan(config, want)
+        if edit.changed and not check:
+            write_like_pve(path, edit.after)
+            if read_text(path) != edit.after:
+                raise PveConfigError(f"{path} does not read back as written: check the host")
+    raw = want.passthrough == "raw-lxc"
+    return Result(vmid, edit, {k: v for k, v in majors.items() if raw and k.startswith("nvidia")})
