@@ -24,9 +24,6 @@ ROOT = Path(__file__).parents[2]
 #: Tags the doctor names whose roles are promised by open issues. Delete an entry when its
 #: role is merged (the test then fails until you do).
 PROMISED = {
-    "host_devices": "issue 14: host role (modules, nodes at boot, persistence daemon)",
-    "lxc_passthrough": "issue 14: LXC passthrough role (ct200_pve_lxc_gpu module)",
-    "host_tuning": "issue 14: host tuning role (MaxReadReq unit, numa_balancing sysctl)",
     "container_shm": "issue 11: container provisioning (the /dev/shm mount)",
 }
 
