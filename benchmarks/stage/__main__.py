@@ -25,10 +25,10 @@ import sys
 import time
 from pathlib import Path
 
+from ct200_tools.fsutil import write_atomic
 from ct200_tools.stage.builder import build_manifest
 from ct200_tools.stage.capacity import fs_type_of
 from ct200_tools.stage.hashing import default_algorithm
-from ct200_tools.stage.manifest import write_atomic
 from ct200_tools.stage.stager import default_jobs
 
 CONTENDERS = (

@@ -13,7 +13,8 @@ import click
 
 from ct200_tools import __version__
 from ct200_tools.cli.options import spec_option
-from ct200_tools.stage.errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, StageError
+from ct200_tools.exitcodes import Exit
+from ct200_tools.stage.errors import StageError
 from ct200_tools.stage.progress import NullProgress, ProgressSink, TtyProgress
 
 EPILOG = """\b
@@ -61,7 +62,7 @@ class _Out:
         elif not self.quiet or not ok:
             for line in lines:
                 click.echo(line)
-        sys.exit(EXIT_OK if ok else EXIT_FAILED)
+        sys.exit(Exit.OK if ok else Exit.FAILURES)
 
 
 _current: _Out | None = None
@@ -295,12 +296,12 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         )
     except click.ClickException as exc:
         exc.show()
-        sys.exit(EXIT_FAILED)
+        sys.exit(Exit.FAILURES)
     except KeyboardInterrupt:
         click.echo("\nct200-stage: interrupted; run the same command again (it resumes)", err=True)
-        sys.exit(130)
+        sys.exit(Exit.INTERRUPTED)
     except BrokenPipeError:
-        os._exit(EXIT_OK)
+        os._exit(Exit.OK)
     except OSError as exc:  # e.g. no permission to create the target's parent directory
         where = exc.filename or "a file"
         _fail(
@@ -321,8 +322,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             traceback.print_exc()
         else:
             click.echo("  (set CT200_DEBUG=1 for the traceback; please report it)", err=True)
-        sys.exit(EXIT_INTERNAL)
-    sys.exit(EXIT_OK)
+        sys.exit(Exit.BROKE)
+    sys.exit(Exit.OK)
 
 
 def _fail(error: dict[str, object], lines: Sequence[str]) -> NoReturn:
@@ -337,7 +338,7 @@ def _fail(error: dict[str, object], lines: Sequence[str]) -> NoReturn:
             "error": error,
         }
         click.echo(json.dumps(envelope, indent=1, default=str))
-    sys.exit(EXIT_FAILED)
+    sys.exit(Exit.FAILURES)
 
 
 if __name__ == "__main__":

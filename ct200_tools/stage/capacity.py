@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 
 from ct200_tools.stage.errors import CapacityError
-from ct200_tools.stage.units import format_size
+from ct200_tools.stage.sizes import format_size
 
 MEMORY_FS = ("tmpfs", "ramfs")
 #: cgroup v1 writes "unlimited" as a huge page-aligned number, v2 as "max".
@@ -69,7 +69,7 @@ def bytes_needed(sizes: list[int]) -> int:
     return sum(-(-s // PAGE) * PAGE for s in sizes)
 
 
-def measure(path: str, reserve: int = 0, proc: str = "/proc", sys_fs: str = "/sys") -> Capacity:
+def measure(path: str, reserve: int = 0, proc: str = "/proc") -> Capacity:
     anchor = _existing_ancestor(path)
     fs_type = fs_type_of(anchor, proc)
     st = os.statvfs(anchor)

@@ -1,6 +1,6 @@
 """What each ct200-stage command does, between parsed options and printed output.
 
-Each function returns a `Outcome` (JSON-able data plus the text lines to show) or raises a
+Each function returns a `CommandResult` (JSON-able data plus the text lines to show) or raises a
 StageError; the CLI only prints. The spec is imported lazily: the engine and this module work
 without PyYAML (the benchmark runs them on machines that have nothing installed).
 """
@@ -18,9 +18,9 @@ from ct200_tools.stage.engine import ReadMode
 from ct200_tools.stage.errors import RefusedError, SourceError, StageError
 from ct200_tools.stage.manifest import default_manifest_path, load_manifest
 from ct200_tools.stage.progress import ProgressSink
+from ct200_tools.stage.sizes import format_size
 from ct200_tools.stage.stager import StageOptions, stage
 from ct200_tools.stage.status import model_status
-from ct200_tools.stage.units import format_size
 from ct200_tools.stage.verify import embedded_manifest, verify_tree
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class CommandResult:
     data: dict[str, object]
     lines: list[str]
     ok: bool = True
@@ -44,7 +44,7 @@ def make_manifest(
     jobs: int,
     read_mode: str,
     progress: ProgressSink,
-) -> Outcome:
+) -> CommandResult:
     name = name or os.path.basename(os.path.realpath(source))
     path = manifest_path or default_manifest_path(name)
     report = build_manifest(
@@ -100,7 +100,7 @@ def make_manifest(
         f"  {name}: {len(new.files)} files, {format_size(new.total_bytes)}, {new.algorithm}, "
         f"{new.digest}{lfs_line}",
     ]
-    return Outcome(data, lines)
+    return CommandResult(data, lines)
 
 
 def stage_model(
@@ -116,7 +116,7 @@ def stage_model(
     jobs: int,
     read_mode: str,
     progress: ProgressSink,
-) -> Outcome:
+) -> CommandResult:
     reserve_bytes = _size(reserve) if reserve is not None else None
     if len(target) == 1:
         model, spec = _model_from_spec(target[0], spec_path)
@@ -151,7 +151,7 @@ def stage_model(
             f"{result.seconds:.1f} s ({format_size(result.rate)}/s, {result.read_mode} reads), "
             f"every chunk verified ({result.algorithm})"
         )
-    return Outcome(result.to_dict(), [head, *(f"  {n}" for n in result.notes)])
+    return CommandResult(result.to_dict(), [head, *(f"  {n}" for n in result.notes)])
 
 
 def verify_path(
@@ -161,7 +161,7 @@ def verify_path(
     jobs: int,
     read_mode: str,
     progress: ProgressSink,
-) -> Outcome:
+) -> CommandResult:
     if not os.path.isdir(path) and os.sep not in path:
         model, _spec = _model_from_spec(path, spec_path)
         path = model.staged
@@ -186,10 +186,10 @@ def verify_path(
         f"verified {path}: {result.files} files, {format_size(result.bytes)}, every chunk matches "
         f"{against} ({manifest.digest})"
     ]
-    return Outcome(data, lines)
+    return CommandResult(data, lines)
 
 
-def status(paths: Sequence[str], spec_path: str | None, deep: bool) -> Outcome:
+def status(paths: Sequence[str], spec_path: str | None, deep: bool) -> CommandResult:
     rows: list[dict[str, object]] = []
     targets: list[tuple[str, str, str | None]]
     if paths:
@@ -215,7 +215,7 @@ def status(paths: Sequence[str], spec_path: str | None, deep: bool) -> Outcome:
             lines.append(f"{'':<{width}}  {'':<10}  {'':>10}  {r['note']}")
     if not rows:
         lines = ["no models in the spec"]
-    return Outcome({"models": rows, "all_staged": ok}, lines, ok)
+    return CommandResult({"models": rows, "all_staged": ok}, lines, ok)
 
 
 def _size(text: str) -> int:

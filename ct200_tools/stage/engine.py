@@ -129,9 +129,6 @@ class ChunkEngine:
         self._abort = threading.Event()
         self._errors: list[BaseException] = []
 
-    def cancel(self) -> None:
-        self._abort.set()
-
     def run(
         self,
         src_root: str,
