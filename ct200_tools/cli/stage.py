@@ -29,7 +29,7 @@ Examples:
 Manifests live in /var/lib/ct200/manifests/<name>.json (env CT200_MANIFEST_DIR, or --manifest);
 the source is never written to.
 Exit codes: 0 done, 2 a check failed (verification, capacity, a refusal, a busy lock, bad input),
-3 the tool itself broke.
+3 the tool itself broke, 130 interrupted (run the same command again: it resumes).
 """
 
 SCHEMA_VERSION = 1
@@ -289,17 +289,20 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             },
             [f"ct200-stage: {exc}", *(f"  error: {i}" for i in exc.issues)],
         )
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
         _fail(
-            {"kind": "interrupted", "message": "interrupted", "fix": "run it again", "details": []},
-            ["ct200-stage: interrupted"],
+            {
+                "kind": "interrupted",
+                "message": "interrupted",
+                "fix": "run the same command again (it resumes)",
+                "details": [],
+            },
+            ["ct200-stage: interrupted; run the same command again (it resumes)"],
+            Exit.INTERRUPTED,
         )
     except click.ClickException as exc:
         exc.show()
         sys.exit(Exit.FAILURES)
-    except KeyboardInterrupt:
-        click.echo("\nct200-stage: interrupted; run the same command again (it resumes)", err=True)
-        sys.exit(Exit.INTERRUPTED)
     except BrokenPipeError:
         os._exit(Exit.OK)
     except OSError as exc:  # e.g. no permission to create the target's parent directory
@@ -326,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     sys.exit(Exit.OK)
 
 
-def _fail(error: dict[str, object], lines: Sequence[str]) -> NoReturn:
+def _fail(error: dict[str, object], lines: Sequence[str], code: Exit = Exit.FAILURES) -> NoReturn:
     for line in lines:
         click.echo(line, err=True)
     if _current is not None and _current.as_json:
@@ -338,7 +341,7 @@ def _fail(error: dict[str, object], lines: Sequence[str]) -> NoReturn:
             "error": error,
         }
         click.echo(json.dumps(envelope, indent=1, default=str))
-    sys.exit(Exit.FAILURES)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

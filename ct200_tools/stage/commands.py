@@ -8,14 +8,23 @@ without PyYAML (the benchmark runs them on machines that have nothing installed)
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from ct200_tools.fsutil import write_atomic
+from ct200_tools.stage import tree
 from ct200_tools.stage.builder import build_manifest
 from ct200_tools.stage.engine import ReadMode
-from ct200_tools.stage.errors import RefusedError, SourceError, StageError
+from ct200_tools.stage.errors import (
+    LockBusyError,
+    RefusedError,
+    SourceError,
+    StageError,
+    VerifyError,
+)
+from ct200_tools.stage.lock import holder_pid
 from ct200_tools.stage.manifest import default_manifest_path, load_manifest
 from ct200_tools.stage.progress import ProgressSink
 from ct200_tools.stage.sizes import format_size
@@ -99,7 +108,9 @@ def make_manifest(
         f"manifest {action}: {path}",
         f"  {name}: {len(new.files)} files, {format_size(new.total_bytes)}, {new.algorithm}, "
         f"{new.digest}{lfs_line}",
+        *(f"  {w}" for w in report.warnings),
     ]
+    data["warnings"] = list(report.warnings)
     return CommandResult(data, lines)
 
 
@@ -165,6 +176,14 @@ def verify_path(
     if not os.path.isdir(path) and os.sep not in path:
         model, _spec = _model_from_spec(path, spec_path)
         path = model.staged
+    pid = holder_pid(path)
+    if pid is not None:
+        raise LockBusyError(
+            f"a stage of {path} is in progress (pid {pid}): the copy there is not published yet, "
+            "or is about to be replaced",
+            "wait for the stage to finish, then verify again",
+        )
+    restage: str | None = None
     if manifest_path is not None:
         manifest = load_manifest(manifest_path)
         against = manifest_path
@@ -178,9 +197,15 @@ def verify_path(
             status = model_status(path)
             if status.state not in ("staged", "mismatch"):
                 raise StageError(f"{path}: {status.state}: {status.detail}", "stage it first")
-    result = verify_tree(
-        path, manifest, jobs=jobs, read_mode=cast(ReadMode, read_mode), progress=progress
-    )
+            restage = _restage_command(path)
+    try:
+        result = verify_tree(
+            path, manifest, jobs=jobs, read_mode=cast(ReadMode, read_mode), progress=progress
+        )
+    except VerifyError as exc:
+        if restage is not None:
+            exc.fix = f"restage it from the persistent copy: {restage}"
+        raise
     data = {**result.to_dict(), "manifest_path": against}
     lines = [
         f"verified {path}: {result.files} files, {format_size(result.bytes)}, every chunk matches "
@@ -216,6 +241,20 @@ def status(paths: Sequence[str], spec_path: str | None, deep: bool) -> CommandRe
     if not rows:
         lines = ["no models in the spec"]
     return CommandResult({"models": rows, "all_staged": ok}, lines, ok)
+
+
+def _restage_command(staged: str) -> str | None:
+    """The command that restages a staged tree from where its marker says it came from."""
+    try:
+        marker = tree.read_marker(staged)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if marker is None or not marker.source:
+        return None
+    name = marker.name or os.path.basename(os.path.abspath(staged))
+    manifest = marker.manifest_path or default_manifest_path(name)
+    argv = ["stage", marker.source, os.path.abspath(staged), "--manifest", manifest, "--replace"]
+    return shlex.join(["ct200-stage", *argv])
 
 
 def _size(text: str) -> int:

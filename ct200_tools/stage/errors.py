@@ -56,3 +56,9 @@ class SourceError(StageError):
     """The source or the manifest cannot be read, or the source changed since the manifest."""
 
     kind = "source"
+
+
+class TargetError(StageError):
+    """The target cannot be a model's directory: '..' in it, a file in its path, a mount point."""
+
+    kind = "target"

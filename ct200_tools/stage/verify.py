@@ -42,7 +42,7 @@ def embedded_manifest(root: str) -> Manifest | None:
 def check_listing(root: str, manifest: Manifest) -> None:
     """Same files, same sizes (stat only); a difference is a VerifyError listing each one."""
     try:
-        compare_to_source(manifest, scan_tree(root), root)
+        compare_to_source(manifest, scan_tree(root), root, "the tree")
     except SourceError as exc:
         raise VerifyError(
             f"{root} does not match its manifest (files or sizes differ)",

@@ -239,7 +239,8 @@ def test_junk_in_the_partial_tree_is_not_published(tmp_path: Path, shm: Path) ->
     assert not (dst / "junk.bin").exists() and not (dst / "leftover-dir").exists()
     assert not (dst / "tokenizer" / "stray.json").exists()
     assert model_status(str(dst), deep=True).state == "staged"
-    assert "already staged" in cli(*stage_argv(src, dst, mpath)[len(CLI) :]).stdout
+    again = _json(cli(*stage_argv(src, dst, mpath)[len(CLI) :]).stdout)
+    assert again["result"]["outcome"] == "already-staged"  # type: ignore[index]
 
 
 def test_a_partial_tree_that_is_not_ours_is_left_alone(tmp_path: Path, shm: Path) -> None:
@@ -399,7 +400,9 @@ def test_a_reserve_larger_than_memory_says_so(tmp_path: Path, shm: Path) -> None
     res = cli("stage", str(src), str(shm / "m"), "--manifest", str(mpath), "--reserve", "100T")
     assert res.returncode == 2
     assert " -" not in res.stderr.splitlines()[0], res.stderr
-    assert "reserve" in res.stderr.splitlines()[0] and "100" in res.stderr
+    first = res.stderr.splitlines()[0]
+    assert "reserve" in first and "109.95 TB" in first  # 100 TiB, in the decimal units we print
+    assert "fix: lower --reserve" in res.stderr
     assert not (shm / "m").exists()
 
 
