@@ -14,11 +14,7 @@ A kill at any point leaves either the old state or a partial tree that the next 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import errno
 import os
-import shutil
 import stat
 import threading
 import time
@@ -27,7 +23,7 @@ from dataclasses import dataclass, field
 from ct200_tools.fsutil import fsync_dir, write_atomic
 from ct200_tools.stage import capacity, tree
 from ct200_tools.stage.engine import DEFAULT_BUFFER, ChunkEngine, FileJob, ReadMode
-from ct200_tools.stage.errors import RefusedError, SourceError, StageError, VerifyError
+from ct200_tools.stage.errors import RefusedError, SourceError, VerifyError
 from ct200_tools.stage.hashing import default_algorithm
 from ct200_tools.stage.lock import target_lock
 from ct200_tools.stage.manifest import (
@@ -38,11 +34,11 @@ from ct200_tools.stage.manifest import (
     compare_to_source,
     load_manifest,
     now_utc,
-    parse_manifest,
     scan_source,
     weight_warning,
 )
 from ct200_tools.stage.progress import NullProgress, ProgressSink
+from ct200_tools.stage.resume import resume_partial
 from ct200_tools.stage.target import TargetState, inspect, target_path
 from ct200_tools.stage.verify import verify_tree
 
@@ -205,90 +201,19 @@ class _Stage:
         """Resume our own partial tree of the same manifest; start afresh from anything else."""
         partial = self.partial
         if tree.owned(partial):
-            resume = self._resumable(partial)
+            resume, note = resume_partial(partial, self.manifest, self.opts.jobs)
             if resume is not None:
+                self.notes.append(note)
                 self._prune()
                 return resume
             self.notes.append(f"discarded an unusable partial tree at {partial}")
-            _remove_tree(partial)
+            tree.remove(partial)
         elif os.path.lexists(partial):
-            _remove_if_empty(partial)
+            tree.remove_if_empty(partial)
         tree.claim(partial)
         if self.manifest is not None:
             write_atomic(os.path.join(partial, tree.MANIFEST_NAME), self.manifest.to_json())
         return tree.JournalState(set(), {})
-
-    def _resumable(self, partial: str) -> tree.JournalState | None:
-        if self.manifest is None:
-            return None
-        try:
-            with open(os.path.join(partial, tree.MANIFEST_NAME), encoding="utf-8") as fh:
-                theirs = parse_manifest(fh.read(), partial)
-        except (OSError, SourceError):
-            return None
-        if theirs.digest != self.manifest.digest:
-            return None
-        recorded = tree.Journal(partial).read()
-        claimed: dict[str, set[int]] = {}
-        for entry in self.manifest.files:
-            try:
-                st = os.lstat(os.path.join(partial, entry.path))
-            except OSError:
-                continue  # recorded or not, a file that is gone is redone
-            if not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
-                continue
-            every = set(range(len(entry.chunks)))
-            if entry.path in recorded.files:
-                claimed[entry.path] = every
-            elif entry.path in recorded.chunks:
-                claimed[entry.path] = recorded.chunks[entry.path] & every
-        return self._reprove(partial, claimed)
-
-    def _reprove(self, partial: str, claimed: dict[str, set[int]]) -> tree.JournalState | None:
-        """Re-hash every chunk the journal vouches for: keep those that still match."""
-        assert self.manifest is not None  # noqa: S101
-        m = self.manifest
-        good: dict[str, set[int]] = {}
-
-        def matched(job: FileJob, chunk: int) -> None:
-            good.setdefault(job.path, set()).add(chunk)
-
-        jobs = []
-        for path, chunks in claimed.items():
-            entry = m.file(path)
-            assert entry is not None  # noqa: S101 - claimed comes from the manifest
-            skip = frozenset(range(len(entry.chunks))) - chunks
-            jobs.append(FileJob(path, entry.size, entry.chunks, skip=skip))
-        engine = ChunkEngine(
-            algorithm=m.algorithm,
-            chunk_size=m.chunk_size,
-            jobs=self.opts.jobs,
-            drop_cache=False,
-            keep_going=True,
-        )
-        try:
-            engine.run(partial, jobs, on_chunk_done=matched)
-        except VerifyError:
-            pass  # the chunks that did not match are simply not in `good`
-        except StageError:
-            return None  # cannot even read our own partial tree: start afresh
-        kept = tree.JournalState(set(), {})
-        for path in claimed:
-            entry = m.file(path)
-            assert entry is not None  # noqa: S101
-            ok = good.get(path, set())
-            if len(ok) == len(entry.chunks):  # every chunk (and empty files, which have none)
-                kept.files.add(path)
-            elif ok:
-                kept.chunks[path] = ok
-        damaged = sum(len(c) for c in claimed.values()) - sum(len(c) for c in good.values())
-        partly = sum(len(c) for c in kept.chunks.values())
-        self.notes.append(
-            f"resumed: re-hashed what the last run verified and kept {len(kept.files)} file(s) "
-            f"and {partly} chunk(s) of others"
-            + (f"; {damaged} damaged chunk(s) will be copied again" if damaged else "")
-        )
-        return kept
 
     # --- the copy ----------------------------------------------------------------------------
 
@@ -380,7 +305,7 @@ class _Stage:
         )
         fsync_dir(self.partial)
         if self.replacing and os.path.lexists(self.dst):
-            _exchange(self.partial, self.dst)  # now the partial name holds the old tree
+            tree.exchange(self.partial, self.dst)  # now the partial name holds the old tree
             self.notes.append(f"replaced the previous contents of {self.dst}")
         else:
             os.rename(self.partial, self.dst)
@@ -390,9 +315,9 @@ class _Stage:
         # The old tree after a swap, or a partial tree nobody needs now; only ever ours.
         for path in (self.partial, tree.trash_path(self.dst)):
             if tree.owned(path):
-                _remove_tree(path)
+                tree.remove(path)
             elif os.path.lexists(path):
-                _remove_if_empty(path)
+                tree.remove_if_empty(path)
 
     def _result(
         self,
@@ -450,17 +375,6 @@ def _inodes(files: list[SourceFile]) -> int:
     return len(files) + len(parents) + 1 + len(tree.OWN_NAMES) + 1
 
 
-def _remove_if_empty(path: str) -> None:
-    """A directory at one of our names that we did not make: used if empty, else refused."""
-    try:
-        os.rmdir(path)
-    except OSError as exc:
-        raise RefusedError(
-            f"{path} exists and was not made by ct200-stage ({exc.strerror}); refusing to touch it",
-            f"move it away yourself: mv {path} {path}.old",
-        ) from exc
-
-
 def _refuse_overlap(src: str, dst: str) -> None:
     if dst == src or dst.startswith(src + os.sep) or src.startswith(dst + os.sep):
         raise RefusedError(
@@ -483,32 +397,3 @@ def _create(path: str, mode: int, *, keep: bool = False) -> None:
         os.fchmod(fd, mode | 0o400)
     finally:
         os.close(fd)
-
-
-def _remove_tree(path: str) -> None:
-    if os.path.islink(path) or not os.path.isdir(path):
-        os.unlink(path)
-    else:
-        shutil.rmtree(path)
-
-
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-
-
-def _exchange(a: str, b: str) -> None:
-    """Swap two directories in one step (renameat2 RENAME_EXCHANGE): a server looking at b sees
-    the old tree or the new, never nothing. Falls back to two renames where unsupported."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    fn = getattr(libc, "renameat2", None)
-    if fn is not None:
-        rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
-        if rc == 0:
-            return
-        err = ctypes.get_errno()
-        if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-            raise OSError(err, os.strerror(err), b)
-    trash = tree.trash_path(b)
-    os.rename(b, trash)
-    os.rename(a, b)
-    os.rename(trash, a)

@@ -14,14 +14,19 @@ refused, not removed.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import errno
 import json
 import os
+import shutil
 import socket
 import stat
 from dataclasses import dataclass
 
 from ct200_tools import __version__
 from ct200_tools.fsutil import fsync_dir, write_atomic
+from ct200_tools.stage.errors import RefusedError
 from ct200_tools.stage.manifest import Manifest, now_utc
 
 MANIFEST_NAME = ".ct200-manifest.json"
@@ -195,3 +200,44 @@ class Journal:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         fsync_dir(os.path.dirname(self.path))
+
+
+def remove(path: str) -> None:
+    """Remove one of our trees (the caller checked `owned`), or a file or link of our names."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        os.unlink(path)
+    else:
+        shutil.rmtree(path)
+
+
+def remove_if_empty(path: str) -> None:
+    """A directory at one of our names that we did not make: used if empty, else refused."""
+    try:
+        os.rmdir(path)
+    except OSError as exc:
+        raise RefusedError(
+            f"{path} exists and was not made by ct200-stage ({exc.strerror}); refusing to touch it",
+            f"move it away yourself: mv {path} {path}.old",
+        ) from exc
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def exchange(a: str, b: str) -> None:
+    """Swap two directories in one step (renameat2 RENAME_EXCHANGE): a server looking at b sees
+    the old tree or the new, never nothing. Falls back to two renames where unsupported."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is not None:
+        rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+        if rc == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise OSError(err, os.strerror(err), b)
+    trash = trash_path(b)
+    os.rename(b, trash)
+    os.rename(a, b)
+    os.rename(trash, a)
