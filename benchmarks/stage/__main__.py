@@ -13,6 +13,7 @@ Only with --only (where the time of a stage goes):
   ct200-read            the stage's reads and hashes without the writes (what a manifest costs)
   ct200-nodrop          the stage keeping the source's page cache (no POSIX_FADV_DONTNEED)
   ct200-buffer16M       the stage with the 16 MiB read buffer it used before issue 10
+  ct200-jobsN           the stage with N threads instead of --jobs (e.g. ct200-jobs4)
 Then, on the staged copy in DST (tmpfs: no disk, no cache to drop):
   ct200-verify          ct200-stage verify DST
   xxhsum                xxhsum -H2 (XXH128, single-threaded) of the same files
@@ -29,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -162,6 +164,8 @@ def command(
     }
     if name in commands:
         return commands[name]
+    if name.startswith("ct200-jobs"):
+        return [[*py, "stage", str(src), str(dst), str(manifest), name.removeprefix("ct200-jobs")]]
     if name == "write-parallel":
         dst.mkdir(parents=True, exist_ok=True)
         return [
@@ -208,20 +212,27 @@ def copied_bytes(dst: Path) -> int:
     )
 
 
-def main() -> None:
-    a = args()
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    size, shard = parse_size(a.size), parse_size(a.shard_size)
-    src, dst = Path(a.data), Path(a.dst)
-    wanted = [c for c in a.only.split(",") if c]
-    unknown = set(wanted) - set(CONTENDERS + BREAKDOWN + VERIFIERS)
+def select(only: str) -> tuple[list[str], list[str], list[str]]:
+    """(copy contenders, verifiers, skipped for want of a tool) out of --only."""
+    wanted = [c for c in only.split(",") if c]
+    unknown = {c for c in wanted if not re.fullmatch(r"ct200-jobs\d+", c)}
+    unknown -= set(CONTENDERS + BREAKDOWN + VERIFIERS)
     if unknown:
         sys.exit(f"unknown contenders: {', '.join(sorted(unknown))}")
     have = [c for c in wanted if c not in TOOLS or shutil.which(TOOLS[c])]
     skipped = sorted(set(wanted) - set(have))
     contenders = [c for c in have if c not in VERIFIERS]
     verifiers = [c for c in have if c in VERIFIERS]
+    return contenders, verifiers, skipped
+
+
+def main() -> None:
+    a = args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    size, shard = parse_size(a.size), parse_size(a.shard_size)
+    src, dst = Path(a.data), Path(a.dst)
+    contenders, verifiers, skipped = select(a.only)
     free = shutil.disk_usage(dst.parent).free
     if free < size * 1.05:
         sys.exit(f"{dst.parent} has {free / 1e9:.1f} GB free; --size {a.size} needs more")
@@ -289,7 +300,8 @@ def summarize(
     med = {c: statistics.median(v) for c, v in rates.items()}
     ratios: dict[str, object] = {}
     pairs = [("ct200-stage", b) for b in ("cat-parallel", "cat-sequential", "cp", "rsync")]
-    pairs += [(c, "cat-parallel") for c in (*BREAKDOWN, "ct200-stage-direct")]
+    jobs_variants = tuple(c for c in rates if c.startswith("ct200-jobs"))
+    pairs += [(c, "cat-parallel") for c in (*BREAKDOWN, *jobs_variants, "ct200-stage-direct")]
     pairs += [("ct200-verify", "xxhsum"), ("ct200-verify", "b3sum")]
     for mine, base in pairs:
         if mine in rates and base in rates:

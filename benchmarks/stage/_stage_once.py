@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ct200_tools.stage.engine import DEFAULT_BUFFER, ChunkEngine, FileJob
+from ct200_tools.stage.engine import ChunkEngine, FileJob
 from ct200_tools.stage.manifest import load_manifest
 from ct200_tools.stage.stager import StageOptions, stage
 from ct200_tools.stage.verify import embedded_manifest, verify_tree
@@ -23,7 +23,7 @@ def main() -> None:
     p.add_argument("paths", nargs="+")
     p.add_argument("--direct", action="store_true")
     p.add_argument("--no-drop", action="store_true")
-    p.add_argument("--buffer", type=int, default=DEFAULT_BUFFER)
+    p.add_argument("--buffer", type=int, default=None)
     a = p.parse_args()
     if a.what == "stage":
         src, dst, manifest, jobs = a.paths

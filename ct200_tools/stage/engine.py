@@ -41,9 +41,13 @@ ReadMode = Literal["auto", "direct", "buffered"]
 READ_MODES: tuple[ReadMode, ...] = ("auto", "direct", "buffered")
 #: O_DIRECT wants offsets, lengths and buffers aligned to the logical block size (512 or 4096).
 ALIGN = 4096
-#: Per thread. With O_DIRECT each thread has one read in flight, so jobs x buffer is the queue
+#: Per thread, for reads through the page cache: readahead, not the read size, keeps the disk
+#: busy, and a buffer that stays in the core's L2 is copied in, hashed and copied out without a
+#: trip to RAM in between (16 MiB buffers cost 30% more CPU per GB here: docs/staging.md).
+DEFAULT_BUFFER = 1 << 20
+#: Per thread, with O_DIRECT: each thread has one read in flight, so jobs x buffer is the queue
 #: depth the disk sees; 16 threads x 16 MiB measured best on virtio (docs/staging.md).
-DEFAULT_BUFFER = 16 << 20
+DIRECT_BUFFER = 16 << 20
 
 Progress = Callable[[int], None]
 T = TypeVar("T")
@@ -119,12 +123,14 @@ class ChunkEngine:
         chunk_size: int,
         jobs: int,
         read_mode: ReadMode = "buffered",
-        buffer_size: int = DEFAULT_BUFFER,
+        buffer_size: int | None = None,
         drop_cache: bool = True,
         progress: Progress | None = None,
         keep_going: bool = False,
         sync_writes: bool = False,
     ) -> None:
+        if buffer_size is None:
+            buffer_size = DEFAULT_BUFFER if read_mode == "buffered" else DIRECT_BUFFER
         if chunk_size % ALIGN or buffer_size % ALIGN:
             raise ValueError("chunk and buffer sizes must be multiples of 4096")
         new_hasher(algorithm)  # fail now, not in a thread

@@ -62,7 +62,11 @@ def _reprove(
         skip = frozenset(range(len(entry.chunks))) - chunks
         work.append(FileJob(path, entry.size, entry.chunks, skip=skip))
     engine = ChunkEngine(
-        algorithm=m.algorithm, chunk_size=m.chunk_size, jobs=jobs, drop_cache=False, keep_going=True
+        algorithm=m.algorithm,
+        chunk_size=m.chunk_size,
+        jobs=min(jobs, os.cpu_count() or 1),  # a RAM read: CPU work, no disk to keep busy
+        drop_cache=False,
+        keep_going=True,
     )
     try:
         engine.run(partial, work, on_chunk_done=matched)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from ct200_tools.fsutil import fsync_dir, write_atomic
 from ct200_tools.stage import capacity, tree
-from ct200_tools.stage.engine import DEFAULT_BUFFER, ChunkEngine, FileJob, ReadMode
+from ct200_tools.stage.engine import ChunkEngine, FileJob, ReadMode
 from ct200_tools.stage.errors import RefusedError, SourceError, VerifyError
 from ct200_tools.stage.hashing import default_algorithm
 from ct200_tools.stage.lock import target_lock
@@ -57,7 +57,8 @@ class StageOptions:
     replace: bool = False
     wait: float = 0.0
     create_manifest: bool = False
-    buffer_size: int = DEFAULT_BUFFER
+    #: None: the engine's choice for the read mode.
+    buffer_size: int | None = None
     drop_cache: bool = True
 
 
