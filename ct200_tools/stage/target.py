@@ -78,6 +78,8 @@ def inspect(dst: str, manifest: Manifest | None, *, replace: bool, name: str) ->
         return TargetState("staged")
     if problem is not None:
         what = f"a staged copy that does not match its own manifest ({problem})"
+    elif manifest is None:
+        what = f"a staged model (manifest {digest}) and the source has no manifest to compare"
     else:
         what = f"a different staged model (manifest {digest})"
     if not replace:
