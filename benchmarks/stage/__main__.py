@@ -14,6 +14,9 @@ Only with --only (where the time of a stage goes):
   ct200-nodrop          the stage keeping the source's page cache (no POSIX_FADV_DONTNEED)
   ct200-buffer16M       the stage with the 16 MiB read buffer it used before issue 10
   ct200-jobsN           the stage with N threads instead of --jobs (e.g. ct200-jobs4)
+  dd-nocache-parallel   cat-parallel with `dd iflag=nocache`, which drops the page cache behind
+                        it as ct200-stage does: on a VM whose freed memory goes back to the host,
+                        the read limit without the cost of touching new memory for the cache
 Then, on the staged copy in DST (tmpfs: no disk, no cache to drop):
   ct200-verify          ct200-stage verify DST
   xxhsum                xxhsum -H2 (XXH128, single-threaded) of the same files
@@ -53,11 +56,17 @@ CONTENDERS = (
     "cat-sequential",
     "write-parallel",
 )
-BREAKDOWN = ("ct200-read", "ct200-nodrop", "ct200-buffer16M")
+BREAKDOWN = ("ct200-read", "ct200-nodrop", "ct200-buffer16M", "dd-nocache-parallel")
 VERIFIERS = ("ct200-verify", "xxhsum", "b3sum")
 #: Contenders that need a tool that may not be installed.
 TOOLS = {"rsync": "rsync", "xxhsum": "xxhsum", "b3sum": "b3sum"}
-READ_ONLY = ("cat-parallel", "cat-sequential", "write-parallel", "ct200-read")
+READ_ONLY = (
+    "cat-parallel",
+    "cat-sequential",
+    "write-parallel",
+    "ct200-read",
+    "dd-nocache-parallel",
+)
 BLOCK = 64 << 20
 
 
@@ -179,11 +188,14 @@ def command(
             ]
             for i, f in enumerate(files)
         ]
-    # cat-parallel: largest files first onto the least-loaded of `jobs` cats
+    # cat- and dd-nocache-parallel: largest files first onto the least-loaded of `jobs` readers
     loads: list[tuple[int, list[str]]] = [(0, []) for _ in range(min(jobs, len(files)))]
     for f in sorted(files, key=lambda p: -p.stat().st_size):
         i = min(range(len(loads)), key=lambda k: loads[k][0])
         loads[i] = (loads[i][0] + f.stat().st_size, [*loads[i][1], str(f)])
+    if name == "dd-nocache-parallel":
+        dd = 'for f; do dd if="$f" of=/dev/null bs=1M iflag=nocache status=none; done'
+        return [["sh", "-c", dd, "dd", *fs] for _, fs in loads if fs]
     return [["sh", "-c", 'cat "$@" > /dev/null', "cat", *fs] for _, fs in loads if fs]
 
 
@@ -259,7 +271,7 @@ def main() -> None:
             file=sys.stderr,
         )
 
-    for r in range(a.rounds):
+    for r in range(a.rounds if contenders else 0):
         order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
         for name in order:
             shutil.rmtree(dst, ignore_errors=True)
