@@ -21,7 +21,11 @@ Then, on the staged copy in DST (tmpfs: no disk, no cache to drop):
   ct200-verify          ct200-stage verify DST
   xxhsum                xxhsum -H2 (XXH128, single-threaded) of the same files
   b3sum                 b3sum (BLAKE3, multi-threaded) of the same files, where installed
-Before every copy: sync, drop the page cache (echo 3 > /proc/sys/vm/drop_caches), empty DST.
+Before every copy: empty DST, sync, drop the page cache (echo 3 > /proc/sys/vm/drop_caches), and
+wait --settle seconds: in a VM with free page reporting, memory freed just before a run is still
+backed by the host for a moment, and a run that starts then touches cheap memory where the next
+one, started later, pays the host's page faults. Waiting puts every run on the same footing: the
+one after a reboot, where all memory is new.
 Rounds rotate the order of contenders so that drifts in the disk or the host hit all of them alike;
 the medians, and the ratio within each round, are reported, with each run's CPU time (user + sys
 of the processes it started) per GB: on a machine with few cores, CPU is what a copy runs out of.
@@ -103,6 +107,13 @@ def args() -> argparse.Namespace:
     )
     p.add_argument(
         "--remove-data", action="store_true", help="delete the generated data afterwards"
+    )
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=5.0,
+        help="seconds to wait after dropping caches, so that a VM's freed memory has gone back "
+        "to the host before every run alike (free page reporting waits 2 s) (default 5)",
     )
     return p.parse_args()
 
@@ -202,7 +213,9 @@ def command(
 def run_once(cmds: list[list[str]]) -> tuple[float, float]:
     """Wall seconds, and CPU seconds (user + sys) of the processes and their children."""
     t0 = time.perf_counter()
-    procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL) for c in cmds]
+    # xxhsum and b3sum draw progress on stderr; errors still show as a failed exit code.
+    quiet = subprocess.DEVNULL if cmds[0][0] in ("xxhsum", "b3sum") else None
+    procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=quiet) for c in cmds]
     cpu = 0.0
     codes = []
     for proc in procs:
@@ -276,6 +289,7 @@ def main() -> None:
         for name in order:
             shutil.rmtree(dst, ignore_errors=True)
             cold = drop_caches() and cold
+            time.sleep(a.settle)
             timed(name, r)
             if name not in READ_ONLY and copied_bytes(dst) != total:
                 raise RuntimeError(f"{name} copied {copied_bytes(dst)} of {total} bytes")
