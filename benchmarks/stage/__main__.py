@@ -111,9 +111,10 @@ def args() -> argparse.Namespace:
     p.add_argument(
         "--settle",
         type=float,
-        default=5.0,
+        default=None,
         help="seconds to wait after dropping caches, so that a VM's freed memory has gone back "
-        "to the host before every run alike (free page reporting waits 2 s) (default 5)",
+        "to the host before every run alike (free page reporting waits 2 s) "
+        "(default 5, 0 below 1 GiB)",
     )
     return p.parse_args()
 
@@ -289,7 +290,7 @@ def main() -> None:
         for name in order:
             shutil.rmtree(dst, ignore_errors=True)
             cold = drop_caches() and cold
-            time.sleep(a.settle)
+            time.sleep(a.settle if a.settle is not None else 5.0 if size >= 1 << 30 else 0.0)
             timed(name, r)
             if name not in READ_ONLY and copied_bytes(dst) != total:
                 raise RuntimeError(f"{name} copied {copied_bytes(dst)} of {total} bytes")
