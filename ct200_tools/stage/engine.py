@@ -42,8 +42,9 @@ READ_MODES: tuple[ReadMode, ...] = ("auto", "direct", "buffered")
 #: O_DIRECT wants offsets, lengths and buffers aligned to the logical block size (512 or 4096).
 ALIGN = 4096
 #: Per thread, for reads through the page cache: readahead, not the read size, keeps the disk
-#: busy, and a buffer that stays in the core's L2 is copied in, hashed and copied out without a
-#: trip to RAM in between (16 MiB buffers cost 30% more CPU per GB here: docs/staging.md).
+#: busy; a buffer that fits the core's L2 is copied in, hashed and copied out without a trip to
+#: RAM in between, and 16 threads hold 16 MiB, not 256 (16 MiB measured no faster:
+#: docs/staging.md).
 DEFAULT_BUFFER = 1 << 20
 #: Per thread, with O_DIRECT: each thread has one read in flight, so jobs x buffer is the queue
 #: depth the disk sees; 16 threads x 16 MiB measured best on virtio (docs/staging.md).
