@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 for pkg in python3-venv:python3 debootstrap:debootstrap systemd-container:systemd-nspawn \
-           iproute2:ip openssh-client:ssh pciutils:setpci systemd:systemd-analyze; do
+           iproute2:ip openssh-client:ssh pciutils:setpci systemd:systemd-analyze strace:strace; do
   command -v "${pkg#*:}" >/dev/null 2>&1 || need_apt+=("${pkg%%:*}")
 done
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
