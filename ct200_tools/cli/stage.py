@@ -173,7 +173,9 @@ def manifest(
 @click.option(
     "--replace",
     is_flag=True,
-    help="Swap out a different model at DST atomically once the new copy is verified.",
+    help="Swap out what ct200-stage staged at DST (another model, or a copy that does not "
+    "verify: it is re-hashed first) atomically once the new copy is verified. Never touches a "
+    "directory ct200-stage did not make.",
 )
 @click.option(
     "--wait",
