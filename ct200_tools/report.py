@@ -7,21 +7,14 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import IntEnum
 
 from ct200_tools import __version__
 from ct200_tools.checks.base import NEEDS_SPEC, NO_SPEC_FIX, STATUSES, Finding, plural
+from ct200_tools.exitcodes import Exit as Exit  # noqa: PLC0414 - re-exported for the doctor
 from ct200_tools.facts import Facts, to_jsonable
 
 #: Version of the --json document; bump when a field changes meaning or disappears.
 REPORT_SCHEMA_VERSION = 1
-
-
-class Exit(IntEnum):
-    OK = 0
-    WARNINGS = 1  # only with --strict
-    FAILURES = 2
-    DOCTOR_BROKE = 3
 
 
 def exit_code(findings: Sequence[Finding], strict: bool = False) -> Exit:

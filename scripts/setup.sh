@@ -9,7 +9,7 @@ need_apt=()
 # cmake, g++ and make build the testbed's llama-server once per machine (testbed/llama_build.py).
 for pkg in python3-venv:python3 debootstrap:debootstrap systemd-container:systemd-nspawn \
            iproute2:ip openssh-client:ssh pciutils:setpci systemd:systemd-analyze \
-           cmake:cmake g++:g++ make:make; do
+           cmake:cmake g++:g++ make:make strace:strace; do
   command -v "${pkg#*:}" >/dev/null 2>&1 || need_apt+=("${pkg%%:*}")
 done
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)

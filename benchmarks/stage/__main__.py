@@ -4,12 +4,31 @@ Contenders (each copies the same safetensors-shaped shards from disk into DST, u
   ct200-stage           parallel chunked copy with inline XXH3 verification (default options)
   ct200-stage-direct    the same with O_DIRECT reads (--read-mode direct)
   cp -r, rsync -a       what people use
-  cat-parallel          N parallel `cat FILES > /dev/null`: the disk-read limit (no writes at all)
+  cat-parallel          N parallel `cat FILES > /dev/null`, one per file up to --jobs: the
+                        disk-read limit (no writes at all)
+  cat-sequential        one `cat` of every file in turn: one stream's read rate
   write-parallel        N parallel `dd if=/dev/zero` of the same sizes into DST: the write limit
                         (no reads at all; informational: where a copy can lose against cat)
-Before every run: sync, drop the page cache (echo 3 > /proc/sys/vm/drop_caches), empty DST.
+Only with --only (where the time of a stage goes):
+  ct200-read            the stage's reads and hashes without the writes (what a manifest costs)
+  ct200-nodrop          the stage keeping the source's page cache (no POSIX_FADV_DONTNEED)
+  ct200-buffer16M       the stage with the 16 MiB read buffer it used before issue 10
+  ct200-jobsN           the stage with N threads instead of --jobs (e.g. ct200-jobs4)
+  dd-nocache-parallel   cat-parallel with `dd iflag=nocache`, which drops the page cache behind
+                        it as ct200-stage does: on a VM whose freed memory goes back to the host,
+                        the read limit without the cost of touching new memory for the cache
+Then, on the staged copy in DST (tmpfs: no disk, no cache to drop):
+  ct200-verify          ct200-stage verify DST
+  xxhsum                xxhsum -H2 (XXH128, single-threaded) of the same files
+  b3sum                 b3sum (BLAKE3, multi-threaded) of the same files, where installed
+Before every copy: empty DST, sync, drop the page cache (echo 3 > /proc/sys/vm/drop_caches), and
+wait --settle seconds: in a VM with free page reporting, memory freed just before a run is still
+backed by the host for a moment, and a run that starts then touches cheap memory where the next
+one, started later, pays the host's page faults. Waiting puts every run on the same footing: the
+one after a reboot, where all memory is new.
 Rounds rotate the order of contenders so that drifts in the disk or the host hit all of them alike;
-the medians, and the ratio within each round, are reported.
+the medians, and the ratio within each round, are reported, with each run's CPU time (user + sys
+of the processes it started) per GB: on a machine with few cores, CPU is what a copy runs out of.
 """
 
 from __future__ import annotations
@@ -18,6 +37,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -37,7 +57,19 @@ CONTENDERS = (
     "cp",
     "rsync",
     "cat-parallel",
+    "cat-sequential",
     "write-parallel",
+)
+BREAKDOWN = ("ct200-read", "ct200-nodrop", "ct200-buffer16M", "dd-nocache-parallel")
+VERIFIERS = ("ct200-verify", "xxhsum", "b3sum")
+#: Contenders that need a tool that may not be installed.
+TOOLS = {"rsync": "rsync", "xxhsum": "xxhsum", "b3sum": "b3sum"}
+READ_ONLY = (
+    "cat-parallel",
+    "cat-sequential",
+    "write-parallel",
+    "ct200-read",
+    "dd-nocache-parallel",
 )
 BLOCK = 64 << 20
 
@@ -68,9 +100,21 @@ def args() -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="runs of each contender (default 3)")
     p.add_argument("--data", default="/var/tmp/ct200-bench-data", help="source dir (on disk)")
     p.add_argument("--dst", default="/dev/shm/ct200-bench", help="destination (tmpfs)")
-    p.add_argument("--only", default=",".join(CONTENDERS), help="comma-separated contenders")
+    p.add_argument(
+        "--only",
+        default=",".join(CONTENDERS + VERIFIERS),
+        help=f"comma-separated contenders (also: {', '.join(BREAKDOWN)})",
+    )
     p.add_argument(
         "--remove-data", action="store_true", help="delete the generated data afterwards"
+    )
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=None,
+        help="seconds to wait after dropping caches, so that a VM's freed memory has gone back "
+        "to the host before every run alike (free page reporting waits 2 s) "
+        "(default 5, 0 below 1 GiB)",
     )
     return p.parse_args()
 
@@ -124,14 +168,25 @@ def command(
     name: str, src: Path, dst: Path, manifest: Path, jobs: int, files: list[Path]
 ) -> list[list[str]]:
     py = [sys.executable, "-m", "benchmarks.stage._stage_once"]
-    if name == "ct200-stage":
-        return [[*py, str(src), str(dst), str(manifest), str(jobs), "default"]]
-    if name == "ct200-stage-direct":
-        return [[*py, str(src), str(dst), str(manifest), str(jobs), "direct"]]
-    if name == "cp":
-        return [["cp", "-r", str(src), str(dst)]]
-    if name == "rsync":
-        return [["rsync", "-a", f"{src}/", f"{dst}/"]]
+    stage = [*py, "stage", str(src), str(dst), str(manifest), str(jobs)]
+    staged = [str(dst / f.relative_to(src)) for f in files]
+    commands = {
+        "ct200-stage": [stage],
+        "ct200-stage-direct": [[*stage, "--direct"]],
+        "ct200-nodrop": [[*stage, "--no-drop"]],
+        "ct200-buffer16M": [[*stage, "--buffer", str(16 << 20)]],
+        "ct200-read": [[*py, "read", str(src), str(manifest), str(jobs)]],
+        "ct200-verify": [[*py, "verify", str(dst), str(jobs)]],
+        "xxhsum": [["xxhsum", "-H2", *staged]],
+        "b3sum": [["b3sum", *staged]],
+        "cp": [["cp", "-r", str(src), str(dst)]],
+        "rsync": [["rsync", "-a", f"{src}/", f"{dst}/"]],
+        "cat-sequential": [["cat", *map(str, files)]],
+    }
+    if name in commands:
+        return commands[name]
+    if name.startswith("ct200-jobs"):
+        return [[*py, "stage", str(src), str(dst), str(manifest), name.removeprefix("ct200-jobs")]]
     if name == "write-parallel":
         dst.mkdir(parents=True, exist_ok=True)
         return [
@@ -145,22 +200,34 @@ def command(
             ]
             for i, f in enumerate(files)
         ]
-    # cat-parallel: largest files first onto the least-loaded of `jobs` cats
+    # cat- and dd-nocache-parallel: largest files first onto the least-loaded of `jobs` readers
     loads: list[tuple[int, list[str]]] = [(0, []) for _ in range(min(jobs, len(files)))]
     for f in sorted(files, key=lambda p: -p.stat().st_size):
         i = min(range(len(loads)), key=lambda k: loads[k][0])
         loads[i] = (loads[i][0] + f.stat().st_size, [*loads[i][1], str(f)])
+    if name == "dd-nocache-parallel":
+        dd = 'for f; do dd if="$f" of=/dev/null bs=1M iflag=nocache status=none; done'
+        return [["sh", "-c", dd, "dd", *fs] for _, fs in loads if fs]
     return [["sh", "-c", 'cat "$@" > /dev/null', "cat", *fs] for _, fs in loads if fs]
 
 
-def run_once(cmds: list[list[str]]) -> float:
+def run_once(cmds: list[list[str]]) -> tuple[float, float]:
+    """Wall seconds, and CPU seconds (user + sys) of the processes and their children."""
     t0 = time.perf_counter()
-    procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL) for c in cmds]
-    codes = [p.wait() for p in procs]
+    # xxhsum and b3sum draw progress on stderr; errors still show as a failed exit code.
+    quiet = subprocess.DEVNULL if cmds[0][0] in ("xxhsum", "b3sum") else None
+    procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=quiet) for c in cmds]
+    cpu = 0.0
+    codes = []
+    for proc in procs:
+        _pid, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        codes.append(proc.returncode)
+        cpu += usage.ru_utime + usage.ru_stime
     elapsed = time.perf_counter() - t0
     if any(codes):
         raise RuntimeError(f"{cmds[0][:3]} failed with {codes}")
-    return elapsed
+    return elapsed, cpu
 
 
 def copied_bytes(dst: Path) -> int:
@@ -171,15 +238,27 @@ def copied_bytes(dst: Path) -> int:
     )
 
 
+def select(only: str) -> tuple[list[str], list[str], list[str]]:
+    """(copy contenders, verifiers, skipped for want of a tool) out of --only."""
+    wanted = [c for c in only.split(",") if c]
+    unknown = {c for c in wanted if not re.fullmatch(r"ct200-jobs\d+", c)}
+    unknown -= set(CONTENDERS + BREAKDOWN + VERIFIERS)
+    if unknown:
+        sys.exit(f"unknown contenders: {', '.join(sorted(unknown))}")
+    have = [c for c in wanted if c not in TOOLS or shutil.which(TOOLS[c])]
+    skipped = sorted(set(wanted) - set(have))
+    contenders = [c for c in have if c not in VERIFIERS]
+    verifiers = [c for c in have if c in VERIFIERS]
+    return contenders, verifiers, skipped
+
+
 def main() -> None:
     a = args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     size, shard = parse_size(a.size), parse_size(a.shard_size)
     src, dst = Path(a.data), Path(a.dst)
-    wanted = [c for c in a.only.split(",") if c]
-    contenders = [c for c in wanted if c != "rsync" or shutil.which("rsync")]
-    skipped = sorted(set(wanted) - set(contenders))
+    contenders, verifiers, skipped = select(a.only)
     free = shutil.disk_usage(dst.parent).free
     if free < size * 1.05:
         sys.exit(f"{dst.parent} has {free / 1e9:.1f} GB free; --size {a.size} needs more")
@@ -193,20 +272,37 @@ def main() -> None:
     manifest_seconds = time.perf_counter() - t0
     write_atomic(str(manifest_path), manifest.to_json())
 
-    runs: dict[str, list[float]] = {c: [] for c in contenders}
-    for r in range(a.rounds):
+    runs: dict[str, list[float]] = {c: [] for c in contenders + verifiers}
+    cpu: dict[str, list[float]] = {c: [] for c in contenders + verifiers}
+
+    def timed(name: str, r: int) -> None:
+        seconds, cpu_seconds = run_once(command(name, src, dst, manifest_path, a.jobs, files))
+        runs[name].append(seconds)
+        cpu[name].append(cpu_seconds)
+        print(
+            f"  round {r + 1}: {name:<22} {total / seconds / 1e6:8.0f} MB/s, "
+            f"cpu {cpu_seconds / (total / 1e9):.2f} s/GB",
+            file=sys.stderr,
+        )
+
+    for r in range(a.rounds if contenders else 0):
         order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
         for name in order:
             shutil.rmtree(dst, ignore_errors=True)
             cold = drop_caches() and cold
-            seconds = run_once(command(name, src, dst, manifest_path, a.jobs, files))
-            if name not in ("cat-parallel", "write-parallel") and copied_bytes(dst) != total:
+            time.sleep(a.settle if a.settle is not None else 5.0 if size >= 1 << 30 else 0.0)
+            timed(name, r)
+            if name not in READ_ONLY and copied_bytes(dst) != total:
                 raise RuntimeError(f"{name} copied {copied_bytes(dst)} of {total} bytes")
-            runs[name].append(seconds)
-            print(f"  round {r + 1}: {name:<22} {total / seconds / 1e6:8.0f} MB/s", file=sys.stderr)
+        shutil.rmtree(dst, ignore_errors=True)
+    if verifiers:  # the staged copy is in RAM: nothing to drop between these
+        run_once(command("ct200-stage", src, dst, manifest_path, a.jobs, files))
+        for r in range(a.rounds):
+            for name in verifiers[r % len(verifiers) :] + verifiers[: r % len(verifiers)]:
+                timed(name, r)
         shutil.rmtree(dst, ignore_errors=True)
 
-    report = summarize(a, runs, total, len(files), cold, skipped, manifest_seconds, src, dst)
+    report = summarize(a, runs, cpu, total, len(files), cold, skipped, manifest_seconds, src, dst)
     (out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
     text = render(report)
     (out / "results.txt").write_text(text)
@@ -218,6 +314,7 @@ def main() -> None:
 def summarize(
     a: argparse.Namespace,
     runs: dict[str, list[float]],
+    cpu: dict[str, list[float]],
     total: int,
     nfiles: int,
     cold: bool,
@@ -229,11 +326,21 @@ def summarize(
     rates = {c: [total / s / 1e6 for s in secs] for c, secs in runs.items()}
     med = {c: statistics.median(v) for c, v in rates.items()}
     ratios: dict[str, object] = {}
-    for base in ("cat-parallel", "cp", "rsync"):
-        if "ct200-stage" in rates and base in rates:
-            per_round = [x / y for x, y in zip(rates["ct200-stage"], rates[base], strict=True)]
-            ratios[f"ct200-stage/{base}"] = {
-                "of_medians": round(med["ct200-stage"] / med[base], 3),
+    pairs = [("ct200-stage", b) for b in ("cat-parallel", "cat-sequential", "cp", "rsync")]
+    jobs_variants = tuple(c for c in rates if c.startswith("ct200-jobs"))
+    pairs += [(c, "cat-parallel") for c in (*BREAKDOWN, *jobs_variants, "ct200-stage-direct")]
+    pairs += [("ct200-verify", "xxhsum"), ("ct200-verify", "b3sum")]
+    bases = dict(rates)
+    if {"cat-parallel", "write-parallel"} <= set(rates):
+        # A copy can go no faster than the slower of reading the source and writing the target.
+        pair = zip(rates["cat-parallel"], rates["write-parallel"], strict=True)
+        bases["min(cat-parallel,write-parallel)"] = [min(x, y) for x, y in pair]
+        pairs.append(("ct200-stage", "min(cat-parallel,write-parallel)"))
+    for mine, base in pairs:
+        if mine in rates and base in bases:
+            per_round = [x / y for x, y in zip(rates[mine], bases[base], strict=True)]
+            ratios[f"{mine}/{base}"] = {
+                "of_medians": round(med[mine] / statistics.median(bases[base]), 3),
                 "per_round": [round(x, 3) for x in per_round],
                 "median_per_round": round(statistics.median(per_round), 3),
             }
@@ -257,6 +364,9 @@ def summarize(
         "mb_per_s": {
             c: {"median": round(med[c]), "runs": [round(x) for x in v]} for c, v in rates.items()
         },
+        "cpu_s_per_gb": {
+            c: round(statistics.median(v) / (total / 1e9), 3) for c, v in cpu.items() if v
+        },
         "ratios": ratios,
         "command": " ".join([sys.executable, "-m", "benchmarks.stage", *sys.argv[1:]]),
     }
@@ -271,16 +381,18 @@ def render(r: dict[str, object]) -> str:
         f"caches {'dropped' if r['cold_caches'] else 'NOT dropped (not root?)'}",
         f"machine: {r['machine']}",
         "",
-        f"{'contender':<22} {'median MB/s':>12}  runs",
+        f"{'contender':<22} {'median MB/s':>12} {'CPU s/GB':>9}  runs",
     ]
+    cpu = r["cpu_s_per_gb"]
+    assert isinstance(cpu, dict)
     for c, v in mb.items():
-        lines.append(f"{c:<22} {v['median']:>12}  {v['runs']}")
+        lines.append(f"{c:<22} {v['median']:>12} {cpu.get(c, 0):>9.3f}  {v['runs']}")
     lines.append(f"{'(manifest, hash only)':<22} {r['manifest_build_mb_per_s']:>12}")
     lines.append("")
     ratios = r["ratios"]
     assert isinstance(ratios, dict)
     for k, v in ratios.items():
-        lines.append(f"{k:<22} {v['of_medians']:>12}x  per round {v['per_round']}")
+        lines.append(f"{k:<46} {v['of_medians']:>6}x  per round {v['per_round']}")
     if r["skipped"]:
         lines.append(f"skipped (not installed): {', '.join(r['skipped'])}")  # type: ignore[arg-type]
     lines.append(f"reproduce: {r['command']}")

@@ -13,7 +13,8 @@ import click
 
 from ct200_tools import __version__
 from ct200_tools.cli.options import spec_option
-from ct200_tools.stage.errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, StageError
+from ct200_tools.exitcodes import Exit
+from ct200_tools.stage.errors import StageError
 from ct200_tools.stage.progress import NullProgress, ProgressSink, TtyProgress
 
 EPILOG = """\b
@@ -28,7 +29,7 @@ Examples:
 Manifests live in /var/lib/ct200/manifests/<name>.json (env CT200_MANIFEST_DIR, or --manifest);
 the source is never written to.
 Exit codes: 0 done, 2 a check failed (verification, capacity, a refusal, a busy lock, bad input),
-3 the tool itself broke.
+3 the tool itself broke, 130 interrupted (run the same command again: it resumes).
 """
 
 SCHEMA_VERSION = 1
@@ -61,7 +62,7 @@ class _Out:
         elif not self.quiet or not ok:
             for line in lines:
                 click.echo(line)
-        sys.exit(EXIT_OK if ok else EXIT_FAILED)
+        sys.exit(Exit.OK if ok else Exit.FAILURES)
 
 
 _current: _Out | None = None
@@ -172,7 +173,9 @@ def manifest(
 @click.option(
     "--replace",
     is_flag=True,
-    help="Swap out a different model at DST atomically once the new copy is verified.",
+    help="Swap out what ct200-stage staged at DST (another model, or a copy that does not "
+    "verify: it is re-hashed first) atomically once the new copy is verified. Never touches a "
+    "directory ct200-stage did not make.",
 )
 @click.option(
     "--wait",
@@ -288,19 +291,22 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             },
             [f"ct200-stage: {exc}", *(f"  error: {i}" for i in exc.issues)],
         )
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort
         _fail(
-            {"kind": "interrupted", "message": "interrupted", "fix": "run it again", "details": []},
-            ["ct200-stage: interrupted"],
+            {
+                "kind": "interrupted",
+                "message": "interrupted",
+                "fix": "run the same command again (it resumes)",
+                "details": [],
+            },
+            ["ct200-stage: interrupted; run the same command again (it resumes)"],
+            Exit.INTERRUPTED,
         )
     except click.ClickException as exc:
         exc.show()
-        sys.exit(EXIT_FAILED)
-    except KeyboardInterrupt:
-        click.echo("\nct200-stage: interrupted; run the same command again (it resumes)", err=True)
-        sys.exit(130)
+        sys.exit(Exit.FAILURES)
     except BrokenPipeError:
-        os._exit(EXIT_OK)
+        os._exit(Exit.OK)
     except OSError as exc:  # e.g. no permission to create the target's parent directory
         where = exc.filename or "a file"
         _fail(
@@ -321,11 +327,11 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             traceback.print_exc()
         else:
             click.echo("  (set CT200_DEBUG=1 for the traceback; please report it)", err=True)
-        sys.exit(EXIT_INTERNAL)
-    sys.exit(EXIT_OK)
+        sys.exit(Exit.BROKE)
+    sys.exit(Exit.OK)
 
 
-def _fail(error: dict[str, object], lines: Sequence[str]) -> NoReturn:
+def _fail(error: dict[str, object], lines: Sequence[str], code: Exit = Exit.FAILURES) -> NoReturn:
     for line in lines:
         click.echo(line, err=True)
     if _current is not None and _current.as_json:
@@ -337,7 +343,7 @@ def _fail(error: dict[str, object], lines: Sequence[str]) -> NoReturn:
             "error": error,
         }
         click.echo(json.dumps(envelope, indent=1, default=str))
-    sys.exit(EXIT_FAILED)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

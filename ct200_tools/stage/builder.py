@@ -1,4 +1,8 @@
-"""Make a manifest by reading the source once (in parallel chunks, read-only)."""
+"""Make a manifest by reading the source once (in parallel chunks, read-only).
+
+The engine checks each file's identity before and after its reads, so a file rewritten while it is
+hashed is hashed again (or refused): the manifest always describes one version of every file.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,14 @@ from ct200_tools.stage.engine import ChunkEngine, FileJob, ReadMode
 from ct200_tools.stage.errors import SourceError, VerifyError
 from ct200_tools.stage.hashing import default_algorithm
 from ct200_tools.stage.lfs import lfs_hashes
-from ct200_tools.stage.manifest import DEFAULT_CHUNK_SIZE, FileEntry, Manifest, now_utc, scan_tree
+from ct200_tools.stage.manifest import (
+    DEFAULT_CHUNK_SIZE,
+    FileEntry,
+    Manifest,
+    now_utc,
+    scan_source,
+    weight_warning,
+)
 from ct200_tools.stage.progress import NullProgress, ProgressSink
 
 
@@ -22,6 +33,7 @@ class BuildReport:
     #: Files with no LFS sha256 anywhere (small git files, or a copy made without metadata).
     lfs_unknown: int
     seconds: float
+    warnings: tuple[str, ...] = ()
 
 
 def build_manifest(
@@ -38,7 +50,7 @@ def build_manifest(
 ) -> BuildReport:
     sink = progress or NullProgress()
     root = os.path.realpath(source)
-    files = scan_tree(root)
+    files = scan_source(root)
     try:
         expected = lfs_hashes(root, [f.path for f in files], model_info) if lfs else {}
     except (OSError, ValueError) as exc:
@@ -53,7 +65,9 @@ def build_manifest(
         read_mode=read_mode,
         progress=sink.advance,
     )
-    jobs_list = [FileJob(f.path, f.size, None, sha256=f.path in expected) for f in files]
+    jobs_list = [
+        FileJob(f.path, f.size, None, sha256=f.path in expected, identity=f.identity) for f in files
+    ]
     t0 = time.monotonic()
     sink.start(f"hashing {name}", sum(f.size for f in files))
     try:
@@ -75,4 +89,11 @@ def build_manifest(
         FileEntry(f.path, f.size, result.digests[f.path], expected.get(f.path)) for f in files
     )
     manifest = Manifest(name, algorithm, chunk_size, entries, root, now_utc())
-    return BuildReport(manifest, len(expected), len(files) - len(expected), time.monotonic() - t0)
+    warning = weight_warning(root, files)
+    return BuildReport(
+        manifest,
+        len(expected),
+        len(files) - len(expected),
+        time.monotonic() - t0,
+        (warning,) if warning else (),
+    )

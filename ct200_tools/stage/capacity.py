@@ -6,6 +6,7 @@ memory-backed destination the room is the smallest of: the filesystem's free spa
 ancestor cgroup's limit minus its usage, and MemAvailable, less the reserve the spec keeps for
 everything else. Usage counts the reclaimable page cache (inactive_file) as free: it is what the
 kernel drops first, and counting it as used would refuse a restage after any large read.
+Files need inodes too: a tmpfs mounted with few (nr_inodes=) fills up by count, not by bytes.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 from dataclasses import dataclass
 
 from ct200_tools.stage.errors import CapacityError
-from ct200_tools.stage.units import format_size
+from ct200_tools.stage.sizes import format_size
 
 MEMORY_FS = ("tmpfs", "ramfs")
 #: cgroup v1 writes "unlimited" as a huge page-aligned number, v2 as "max".
@@ -36,6 +37,8 @@ class Capacity:
     fs_free: int | None
     memory: tuple[MemoryLimit, ...]
     reserve: int
+    #: Free inodes; None where the filesystem has no fixed number (f_files == 0).
+    inodes_free: int | None = None
 
     @property
     def memory_backed(self) -> bool:
@@ -61,6 +64,7 @@ class Capacity:
             "reserve": self.reserve,
             "memory_headroom": self.memory_headroom,
             "available": self.available,
+            "inodes_free": self.inodes_free,
         }
 
 
@@ -69,7 +73,7 @@ def bytes_needed(sizes: list[int]) -> int:
     return sum(-(-s // PAGE) * PAGE for s in sizes)
 
 
-def measure(path: str, reserve: int = 0, proc: str = "/proc", sys_fs: str = "/sys") -> Capacity:
+def measure(path: str, reserve: int = 0, proc: str = "/proc") -> Capacity:
     anchor = _existing_ancestor(path)
     fs_type = fs_type_of(anchor, proc)
     st = os.statvfs(anchor)
@@ -79,11 +83,22 @@ def measure(path: str, reserve: int = 0, proc: str = "/proc", sys_fs: str = "/sy
     memory: tuple[MemoryLimit, ...] = ()
     if fs_type in MEMORY_FS:
         memory = tuple(cgroup_limits(proc)) + tuple(_meminfo(proc))
-    return Capacity(anchor, fs_type, fs_free, memory, reserve)
+    inodes = st.f_favail if st.f_files else None
+    return Capacity(anchor, fs_type, fs_free, memory, reserve, inodes)
 
 
-def require(cap: Capacity, needed: int, what: str) -> None:
-    """Raise CapacityError naming every figure and the fix, unless `needed` bytes fit."""
+def require(cap: Capacity, needed: int, what: str, inodes: int = 0) -> None:
+    """Raise CapacityError naming every figure and the fix, unless `needed` bytes and `inodes`
+    files and directories fit."""
+    if cap.inodes_free is not None and inodes > cap.inodes_free:
+        fix = f"free inodes on {cap.path} (remove files there) or stage elsewhere"
+        if cap.memory_backed:
+            fix = f"give the tmpfs more inodes: mount -o remount,nr_inodes={2 * inodes} {cap.path}"
+        raise CapacityError(
+            f"{what} does not fit: {inodes} files and directories need as many inodes, "
+            f"{cap.fs_type} {cap.path} has {cap.inodes_free} free (nothing was written)",
+            fix,
+        )
     available = cap.available
     if available is None or needed <= available:
         return
@@ -93,6 +108,15 @@ def require(cap: Capacity, needed: int, what: str) -> None:
     lines += [f"{m.source}: {format_size(m.headroom)} headroom ({m.detail})" for m in cap.memory]
     if cap.memory_backed:
         lines.append(f"reserve kept for everything else: {format_size(cap.reserve)}")
+    headroom = cap.memory_headroom
+    if headroom is not None and headroom < 0:
+        raise CapacityError(
+            f"{what} does not fit: the reserve kept for everything else "
+            f"({format_size(cap.reserve)}) is more than the memory there is "
+            f"({format_size(headroom + cap.reserve)}) (nothing was written)",
+            "lower --reserve (or the spec's shm.reserve_ram) to what the machine can spare",
+            details=tuple(lines),
+        )
     short_fs = cap.fs_free is not None and cap.fs_free < needed
     if short_fs and cap.memory_backed:
         fix = (

@@ -1,6 +1,6 @@
 """What each ct200-stage command does, between parsed options and printed output.
 
-Each function returns a `Outcome` (JSON-able data plus the text lines to show) or raises a
+Each function returns a `CommandResult` (JSON-able data plus the text lines to show) or raises a
 StageError; the CLI only prints. The spec is imported lazily: the engine and this module work
 without PyYAML (the benchmark runs them on machines that have nothing installed).
 """
@@ -8,19 +8,28 @@ without PyYAML (the benchmark runs them on machines that have nothing installed)
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from ct200_tools.fsutil import write_atomic
+from ct200_tools.stage import tree
 from ct200_tools.stage.builder import build_manifest
 from ct200_tools.stage.engine import ReadMode
-from ct200_tools.stage.errors import RefusedError, SourceError, StageError
+from ct200_tools.stage.errors import (
+    LockBusyError,
+    RefusedError,
+    SourceError,
+    StageError,
+    VerifyError,
+)
+from ct200_tools.stage.lock import holder_pid
 from ct200_tools.stage.manifest import default_manifest_path, load_manifest
 from ct200_tools.stage.progress import ProgressSink
+from ct200_tools.stage.sizes import format_size
 from ct200_tools.stage.stager import StageOptions, stage
 from ct200_tools.stage.status import model_status
-from ct200_tools.stage.units import format_size
 from ct200_tools.stage.verify import embedded_manifest, verify_tree
 
 if TYPE_CHECKING:
@@ -28,7 +37,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class CommandResult:
     data: dict[str, object]
     lines: list[str]
     ok: bool = True
@@ -44,7 +53,7 @@ def make_manifest(
     jobs: int,
     read_mode: str,
     progress: ProgressSink,
-) -> Outcome:
+) -> CommandResult:
     name = name or os.path.basename(os.path.realpath(source))
     path = manifest_path or default_manifest_path(name)
     report = build_manifest(
@@ -99,8 +108,10 @@ def make_manifest(
         f"manifest {action}: {path}",
         f"  {name}: {len(new.files)} files, {format_size(new.total_bytes)}, {new.algorithm}, "
         f"{new.digest}{lfs_line}",
+        *(f"  {w}" for w in report.warnings),
     ]
-    return Outcome(data, lines)
+    data["warnings"] = list(report.warnings)
+    return CommandResult(data, lines)
 
 
 def stage_model(
@@ -116,7 +127,7 @@ def stage_model(
     jobs: int,
     read_mode: str,
     progress: ProgressSink,
-) -> Outcome:
+) -> CommandResult:
     reserve_bytes = _size(reserve) if reserve is not None else None
     if len(target) == 1:
         model, spec = _model_from_spec(target[0], spec_path)
@@ -151,7 +162,7 @@ def stage_model(
             f"{result.seconds:.1f} s ({format_size(result.rate)}/s, {result.read_mode} reads), "
             f"every chunk verified ({result.algorithm})"
         )
-    return Outcome(result.to_dict(), [head, *(f"  {n}" for n in result.notes)])
+    return CommandResult(result.to_dict(), [head, *(f"  {n}" for n in result.notes)])
 
 
 def verify_path(
@@ -161,10 +172,18 @@ def verify_path(
     jobs: int,
     read_mode: str,
     progress: ProgressSink,
-) -> Outcome:
+) -> CommandResult:
     if not os.path.isdir(path) and os.sep not in path:
         model, _spec = _model_from_spec(path, spec_path)
         path = model.staged
+    pid = holder_pid(path)
+    if pid is not None:
+        raise LockBusyError(
+            f"a stage of {path} is in progress (pid {pid}): the copy there is not published yet, "
+            "or is about to be replaced",
+            "wait for the stage to finish, then verify again",
+        )
+    restage: str | None = None
     if manifest_path is not None:
         manifest = load_manifest(manifest_path)
         against = manifest_path
@@ -178,18 +197,24 @@ def verify_path(
             status = model_status(path)
             if status.state not in ("staged", "mismatch"):
                 raise StageError(f"{path}: {status.state}: {status.detail}", "stage it first")
-    result = verify_tree(
-        path, manifest, jobs=jobs, read_mode=cast(ReadMode, read_mode), progress=progress
-    )
+            restage = _restage_command(path)
+    try:
+        result = verify_tree(
+            path, manifest, jobs=jobs, read_mode=cast(ReadMode, read_mode), progress=progress
+        )
+    except VerifyError as exc:
+        if restage is not None:
+            exc.fix = f"restage it from the persistent copy: {restage}"
+        raise
     data = {**result.to_dict(), "manifest_path": against}
     lines = [
         f"verified {path}: {result.files} files, {format_size(result.bytes)}, every chunk matches "
         f"{against} ({manifest.digest})"
     ]
-    return Outcome(data, lines)
+    return CommandResult(data, lines)
 
 
-def status(paths: Sequence[str], spec_path: str | None, deep: bool) -> Outcome:
+def status(paths: Sequence[str], spec_path: str | None, deep: bool) -> CommandResult:
     rows: list[dict[str, object]] = []
     targets: list[tuple[str, str, str | None]]
     if paths:
@@ -215,7 +240,21 @@ def status(paths: Sequence[str], spec_path: str | None, deep: bool) -> Outcome:
             lines.append(f"{'':<{width}}  {'':<10}  {'':>10}  {r['note']}")
     if not rows:
         lines = ["no models in the spec"]
-    return Outcome({"models": rows, "all_staged": ok}, lines, ok)
+    return CommandResult({"models": rows, "all_staged": ok}, lines, ok)
+
+
+def _restage_command(staged: str) -> str | None:
+    """The command that restages a staged tree from where its marker says it came from."""
+    try:
+        marker = tree.read_marker(staged)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if marker is None or not marker.source:
+        return None
+    name = marker.name or os.path.basename(os.path.abspath(staged))
+    manifest = marker.manifest_path or default_manifest_path(name)
+    argv = ["stage", marker.source, os.path.abspath(staged), "--manifest", manifest, "--replace"]
+    return shlex.join(["ct200-stage", *argv])
 
 
 def _size(text: str) -> int:

@@ -11,8 +11,13 @@ pages are dropped (POSIX_FADV_DONTNEED) once it is done, because page cache is c
 memory cgroup as the tmpfs we are filling. O_DIRECT ("direct", or "auto": where the filesystem
 allows) skips the page cache entirely; on the virtio disks measured it was 10-15% slower, since each
 thread then has one synchronous read in flight instead of readahead's asynchronous ones.
-The source is opened O_RDONLY|O_NOATIME:
-staging never changes it, not even its atime.
+The source is opened O_RDONLY|O_NOATIME: staging never changes it, not even its atime.
+
+A source file may change while it is read (a download still running, a writer in place). Where the
+job gives the file's identity from before the reads (size, mtime, ctime, inode: see `identity`),
+each descriptor is checked against it when opened and the path once more after the file's last
+chunk; a file that changed is read again from the start, a few times at most, and then refused. So
+the chunk hashes of a file (and the copy they describe) are always of one version of it.
 """
 
 from __future__ import annotations
@@ -22,21 +27,28 @@ import errno
 import mmap
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
 from ct200_tools.stage.errors import CapacityError, SourceError, StageError, VerifyError
 from ct200_tools.stage.hashing import Hasher, new_hasher
+from ct200_tools.stage.identity import Identity, settled, stat_identity
 from ct200_tools.stage.manifest import chunk_count
 
 ReadMode = Literal["auto", "direct", "buffered"]
 READ_MODES: tuple[ReadMode, ...] = ("auto", "direct", "buffered")
 #: O_DIRECT wants offsets, lengths and buffers aligned to the logical block size (512 or 4096).
 ALIGN = 4096
-#: Per thread. With O_DIRECT each thread has one read in flight, so jobs x buffer is the queue
+#: Per thread, for reads through the page cache: readahead, not the read size, keeps the disk
+#: busy; a buffer that fits the core's L2 is copied in, hashed and copied out without a trip to
+#: RAM in between, and 16 threads hold 16 MiB, not 256 (16 MiB measured no faster:
+#: docs/staging.md).
+DEFAULT_BUFFER = 1 << 20
+#: Per thread, with O_DIRECT: each thread has one read in flight, so jobs x buffer is the queue
 #: depth the disk sees; 16 threads x 16 MiB measured best on virtio (docs/staging.md).
-DEFAULT_BUFFER = 16 << 20
+DIRECT_BUFFER = 16 << 20
 
 Progress = Callable[[int], None]
 T = TypeVar("T")
@@ -44,6 +56,8 @@ FileDone = Callable[["FileJob", tuple[str, ...]], None]
 ChunkDone = Callable[["FileJob", int], None]
 #: Longest run of chunks one thread reads in a row (1 GiB of 64 MiB chunks).
 MAX_RANGE_CHUNKS = 16
+#: Reads of a file that keeps changing before it is refused (each one a whole pass over it).
+MAX_READS = 3
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,8 @@ class FileJob:
     sha256: bool = False
     #: Chunks verified by an earlier run (resume): neither read nor written again.
     skip: frozenset[int] = frozenset()
+    #: The source file's identity before any read; None: do not check it (a staged copy).
+    identity: Identity | None = None
 
 
 @dataclass
@@ -71,6 +87,11 @@ class _FileState:
     job: FileJob
     digests: list[str]
     remaining: int
+    #: What the current read of the file is checked against (re-taken when it is read again).
+    identity: Identity | None
+    reads: int = 1
+    #: A task of the current read saw the file differ from `identity`.
+    changed: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,7 +108,7 @@ class _Run:
     on_file_done: FileDone | None
     on_chunk_done: ChunkDone | None
     states: list[_FileState]
-    tasks: Iterator[_Task]
+    tasks: deque[_Task]
     result: EngineResult
 
 
@@ -103,12 +124,14 @@ class ChunkEngine:
         chunk_size: int,
         jobs: int,
         read_mode: ReadMode = "buffered",
-        buffer_size: int = DEFAULT_BUFFER,
+        buffer_size: int | None = None,
         drop_cache: bool = True,
         progress: Progress | None = None,
         keep_going: bool = False,
         sync_writes: bool = False,
     ) -> None:
+        if buffer_size is None:
+            buffer_size = DEFAULT_BUFFER if read_mode == "buffered" else DIRECT_BUFFER
         if chunk_size % ALIGN or buffer_size % ALIGN:
             raise ValueError("chunk and buffer sizes must be multiples of 4096")
         new_hasher(algorithm)  # fail now, not in a thread
@@ -128,9 +151,7 @@ class ChunkEngine:
         self._lock = threading.Lock()
         self._abort = threading.Event()
         self._errors: list[BaseException] = []
-
-    def cancel(self) -> None:
-        self._abort.set()
+        self._run_len = 1
 
     def run(
         self,
@@ -148,10 +169,10 @@ class ChunkEngine:
         self._abort.clear()
         self._errors = []
         self._mismatches = []
-        states = [_FileState(j, _prefilled(j, self.chunk_size), 0) for j in files]
+        states = [_FileState(j, _prefilled(j, self.chunk_size), 0, j.identity) for j in files]
         tasks = self._tasks(states)
         run = _Run(src_root, dst_root, on_file_done, on_chunk_done, states, tasks, EngineResult())
-        pending = sum(s.remaining for s in states)
+        pending = len(tasks)
         threads = [
             threading.Thread(target=self._worker, args=(run,), name=f"stage-{i}", daemon=True)
             for i in range(min(self.jobs, max(1, pending)))
@@ -179,7 +200,7 @@ class ChunkEngine:
         try:
             while not self._abort.is_set():
                 with self._lock:
-                    task = next(run.tasks, None)
+                    task = run.tasks.popleft() if run.tasks else None
                 if task is None:
                     return
                 self._run_task(run, task, view)
@@ -198,48 +219,99 @@ class ChunkEngine:
 
     def _run_task(self, run: _Run, task: _Task, view: memoryview) -> None:
         state = run.states[task.file]
-        digests, sha, direct = self._do_task(run, state, task, view)
+        read = self._do_task(run, state, task, view)
         with self._lock:
-            state.digests[task.first_chunk : task.last_chunk] = digests
-            if sha is not None:
-                run.result.sha256[state.job.path] = sha
-            run.result.direct_reads |= direct
-            run.result.bytes += _task_bytes(state.job, task, self.chunk_size)
+            if read is None:
+                state.changed = True
+            else:
+                digests, sha, direct = read
+                state.digests[task.first_chunk : task.last_chunk] = digests
+                if sha is not None:
+                    run.result.sha256[state.job.path] = sha
+                run.result.direct_reads |= direct
+                run.result.bytes += _task_bytes(state.job, task, self.chunk_size)
             state.remaining -= 1
             if state.remaining:
                 return
+        if not self._one_version(run, task.file):
+            return  # read again
+        with self._lock:
             done = tuple(state.digests)
             run.result.digests[state.job.path] = done
         if run.on_file_done is not None:
             run.on_file_done(state.job, done)
 
-    def _tasks(self, states: list[_FileState]) -> Iterator[_Task]:
+    def _one_version(self, run: _Run, index: int) -> bool:
+        """After a file's last chunk: True when every read saw one version of it; else queue it to
+        be read again (False), or raise when it keeps changing or changed size."""
+        state = run.states[index]
+        if state.identity is None:
+            return True
+        rel = state.job.path
+        path = os.path.join(run.src_root, rel)
+        try:
+            now = stat_identity(path)
+        except FileNotFoundError as exc:
+            raise _disappeared(rel) from exc
+        if not state.changed and now == state.identity:
+            return True
+        if now.size != state.job.size:
+            raise SourceError(
+                f"source file {rel} changed while it was read: {state.job.size} bytes when the "
+                f"stage began, {now.size} now",
+                "let whatever writes to it finish (or stop it), then run the same command again",
+            )
+        if state.reads >= MAX_READS:
+            raise SourceError(
+                f"source file {rel} changed while it was read, {state.reads} times in a row",
+                "stop whatever writes to it, then run the same command again",
+            )
+        try:
+            [identity] = settled([path], [now])
+        except FileNotFoundError as exc:
+            raise _disappeared(rel) from exc
+        with self._lock:
+            state.identity = identity
+            state.reads += 1
+            state.changed = False
+            again = self._file_tasks(index, state)
+            state.remaining = len(again)
+            run.tasks.extend(again)
+        return False
+
+    def _tasks(self, states: list[_FileState]) -> deque[_Task]:
         # Runs of consecutive chunks, in file order: each thread reads a run sequentially through
         # one descriptor (readahead and the disk see a stream, as with N parallel cats), runs are
         # short enough to balance the threads at the end, and a file that needs a whole-file
         # sha256 is one run.
-        todo = [[c for c in range(len(s.digests)) if c not in s.job.skip] for s in states]
-        total = sum(len(t) for t in todo)
-        run_len = max(1, min(MAX_RANGE_CHUNKS, total // (2 * self.jobs)))
-        plan: list[_Task] = []
-        for i, chunks in enumerate(todo):
-            if not chunks or states[i].job.sha256:
-                plan.append(_Task(i, chunks[0] if chunks else 0, chunks[-1] + 1 if chunks else 0))
-                continue
-            first = prev = chunks[0]
-            for c in chunks[1:]:
-                if c != prev + 1 or c - first >= run_len:
-                    plan.append(_Task(i, first, prev + 1))
-                    first = c
-                prev = c
-            plan.append(_Task(i, first, prev + 1))
-        for t in plan:
-            states[t.file].remaining += 1
-        return iter(plan)
+        total = sum(len(s.digests) - len(s.job.skip) for s in states)
+        self._run_len = max(1, min(MAX_RANGE_CHUNKS, total // (2 * self.jobs)))
+        plan: deque[_Task] = deque()
+        for i, state in enumerate(states):
+            tasks = self._file_tasks(i, state)
+            state.remaining = len(tasks)
+            plan.extend(tasks)
+        return plan
+
+    def _file_tasks(self, index: int, state: _FileState) -> list[_Task]:
+        chunks = [c for c in range(len(state.digests)) if c not in state.job.skip]
+        if not chunks or state.job.sha256:
+            return [_Task(index, chunks[0] if chunks else 0, chunks[-1] + 1 if chunks else 0)]
+        plan = []
+        first = prev = chunks[0]
+        for c in chunks[1:]:
+            if c != prev + 1 or c - first >= self._run_len:
+                plan.append(_Task(index, first, prev + 1))
+                first = c
+            prev = c
+        plan.append(_Task(index, first, prev + 1))
+        return plan
 
     def _do_task(
         self, run: _Run, state: _FileState, task: _Task, view: memoryview
-    ) -> tuple[list[str], str | None, bool]:
+    ) -> tuple[list[str], str | None, bool] | None:
+        """Read, hash, check and write the task's chunks; None when the source file is no longer
+        the version this read of it began with (it is read again)."""
         job = state.job
         dst_root = run.dst_root
         src_path = os.path.join(run.src_root, job.path)
@@ -249,7 +321,10 @@ class ChunkEngine:
         src = _Source(self, src_path, job.path)
         dst_fd = -1
         try:
-            src.check_size(job.size)
+            if state.identity is None:
+                src.check_size(job.size)
+            elif src.identity() != state.identity:
+                return None
             if dst_root is not None:
                 dst_fd = _write_call(
                     job.path, os.open, os.path.join(dst_root, job.path), os.O_WRONLY | os.O_CLOEXEC
@@ -257,23 +332,12 @@ class ChunkEngine:
             for chunk in range(task.first_chunk, task.last_chunk):
                 pos = chunk * self.chunk_size
                 chunk_end = min(end, pos + self.chunk_size)
-                hasher = new_hasher(self.algorithm)
-                while pos < chunk_end:
-                    if self._abort.is_set():
-                        raise _Abort
-                    data = src.read(view, pos, min(self.buffer_size, chunk_end - pos))
-                    hasher.update(data)
-                    if sha is not None:
-                        sha.update(data)
-                    if dst_fd >= 0:
-                        _write_call(job.path, _pwrite_all, dst_fd, data, pos)
-                    pos += len(data)
-                    self.progress(len(data))
-                digests.append(hasher.hexdigest())
-                src.done(chunk * self.chunk_size, chunk_end)
+                digests.append(self._chunk(src, view, pos, chunk_end, sha, dst_fd))
                 try:
                     self._check(job, chunk, digests[-1])
                 except VerifyError as exc:
+                    if state.identity is not None and src.identity() != state.identity:
+                        return None  # not damage: a writer; the file is read again
                     if not self.keep_going:
                         raise
                     with self._lock:
@@ -288,6 +352,26 @@ class ChunkEngine:
             if dst_fd >= 0:
                 os.close(dst_fd)
         return digests, (sha.hexdigest() if sha is not None else None), src.direct
+
+    def _chunk(
+        self, src: _Source, view: memoryview, pos: int, end: int, sha: Hasher | None, dst_fd: int
+    ) -> str:
+        """Copy bytes pos..end of one chunk (to dst_fd unless -1); return the chunk's hash."""
+        start = pos
+        hasher = new_hasher(self.algorithm)
+        while pos < end:
+            if self._abort.is_set():
+                raise _Abort
+            data = src.read(view, pos, min(self.buffer_size, end - pos))
+            hasher.update(data)
+            if sha is not None:
+                sha.update(data)
+            if dst_fd >= 0:
+                _write_call(src.rel, _pwrite_all, dst_fd, data, pos)
+            pos += len(data)
+            self.progress(len(data))
+        src.done(start, end)
+        return hasher.hexdigest()
 
     def _open_flags(self) -> int:
         direct = getattr(os, "O_DIRECT", 0) if self._direct else 0
@@ -317,7 +401,9 @@ class ChunkEngine:
         if len(staged) != len(errors):
             return next(e for e in errors if not isinstance(e, StageError))
         first = staged[0]
-        others = tuple(e.message for e in staged[1:])
+        # A full destination is one fact, however many threads were writing when it filled up.
+        rest = [e for e in staged[1:] if not isinstance(e, CapacityError)]
+        others = tuple(dict.fromkeys(e.message for e in rest))
         if others:
             first.details = (*first.details, *others)
         return first
@@ -344,10 +430,7 @@ class _Source:
             try:
                 fd = os.open(self.path, flags)
             except FileNotFoundError as exc:
-                raise SourceError(
-                    f"source file {self.rel} disappeared (it was there when the stage began)",
-                    "restore the persistent copy and run the same command again",
-                ) from exc
+                raise _disappeared(self.rel) from exc
             except OSError as exc:
                 if exc.errno == errno.EPERM and flags & noatime:
                     flags &= ~noatime  # O_NOATIME needs ownership of the file or CAP_FOWNER
@@ -372,6 +455,9 @@ class _Source:
                 "(it changed during the stage)",
                 "restore the persistent copy or remake the manifest, then stage again",
             )
+
+    def identity(self) -> Identity:
+        return Identity.of(os.fstat(self.fd))
 
     def read(self, view: memoryview, pos: int, want: int) -> memoryview:
         direct = self.direct
@@ -407,6 +493,13 @@ class _Source:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+def _disappeared(rel: str) -> SourceError:
+    return SourceError(
+        f"source file {rel} disappeared (it was there when the stage began)",
+        "restore the persistent copy and run the same command again",
+    )
 
 
 def _sha256() -> Hasher:

@@ -1,20 +1,11 @@
 """Failures that staging diagnoses, each with what went wrong and how to fix it.
 
-The CLI turns a `StageError` into one message, one fix line and exit code 2; anything else is a bug
-in the tool and exits 3. Keeping every expected failure in this hierarchy is what lets the CLI
-promise "never a traceback" without hiding real bugs.
+The CLI turns a `StageError` into one message, one fix line and exit code 2 (`Exit.FAILURES`);
+anything else is a bug in the tool and exits 3 (`Exit.BROKE`). Keeping every expected failure in
+this hierarchy is what lets the CLI promise "never a traceback" without hiding real bugs.
 """
 
 from __future__ import annotations
-
-#: Success: the model is staged (or verified, or the manifest written).
-EXIT_OK = 0
-#: A diagnosed failure: verification, capacity, a refusal to overwrite, a busy lock, a bad source.
-EXIT_FAILED = 2
-#: The tool itself broke (a bug); the message says how to get the traceback.
-EXIT_INTERNAL = 3
-#: The command line was wrong (kept apart from 2 so that 2 always means "the check failed").
-EXIT_USAGE = 64
 
 
 class StageError(Exception):
@@ -65,3 +56,9 @@ class SourceError(StageError):
     """The source or the manifest cannot be read, or the source changed since the manifest."""
 
     kind = "source"
+
+
+class TargetError(StageError):
+    """The target cannot be a model's directory: '..' in it, a file in its path, a mount point."""
+
+    kind = "target"

@@ -23,6 +23,7 @@ from pathlib import PurePosixPath
 
 from ct200_tools.stage.errors import SourceError
 from ct200_tools.stage.hashing import ALGORITHMS
+from ct200_tools.stage.identity import Identity, settled
 
 SCHEMA_VERSION = 1
 KIND = "ct200-stage-manifest"
@@ -35,6 +36,21 @@ OWN_PREFIX = ".ct200-"
 #: Top-level directories of a model checkout that are bookkeeping, not model: Hugging Face's
 #: download cache (`.cache/huggingface`) and a git clone's object store (twice the model's size).
 EXCLUDED_TOP_DIRS = (".cache", ".git")
+#: What model weights are stored as; a "model" with none of these is probably the wrong directory.
+WEIGHT_SUFFIXES = (
+    ".safetensors",
+    ".bin",
+    ".gguf",
+    ".ggml",
+    ".pt",
+    ".pth",
+    ".ckpt",
+    ".h5",
+    ".msgpack",
+    ".onnx",
+    ".npz",
+    ".nemo",
+)
 
 
 @dataclass(frozen=True)
@@ -199,6 +215,8 @@ class SourceFile:
     path: str
     size: int
     mode: int
+    #: What stat said when the tree was scanned: the reads are checked against it.
+    identity: Identity
 
 
 def scan_tree(root: str) -> list[SourceFile]:
@@ -231,7 +249,7 @@ def scan_tree(root: str) -> list[SourceFile]:
             if not stat.S_ISREG(st.st_mode):
                 problems.append(f"{rel}: not a regular file")
                 continue
-            found.append(SourceFile(rel, st.st_size, stat.S_IMODE(st.st_mode)))
+            found.append(SourceFile(rel, st.st_size, stat.S_IMODE(st.st_mode), Identity.of(st)))
     if problems:
         raise SourceError(
             f"{len(problems)} entr{'y' if len(problems) == 1 else 'ies'} under {root} cannot be "
@@ -242,17 +260,45 @@ def scan_tree(root: str) -> list[SourceFile]:
     return sorted(found, key=lambda f: f.path)
 
 
-def compare_to_source(manifest: Manifest, files: Iterable[SourceFile], root: str) -> None:
+def scan_source(root: str) -> list[SourceFile]:
+    """scan_tree for a tree about to be read: not empty, and each identity safe to compare with."""
+    files = scan_tree(root)
+    if not files:
+        raise SourceError(
+            f"source {root} holds no files: is the dataset mounted?",
+            f"mount the disk that holds the persistent copy (findmnt {root}), or check the path",
+        )
+    paths = [os.path.join(root, f.path) for f in files]
+    try:
+        ids = settled(paths, [f.identity for f in files])
+    except OSError as exc:
+        raise SourceError(
+            f"cannot read {exc.filename}: {exc.strerror}", "check the source and run again"
+        ) from exc
+    return [SourceFile(f.path, i.size, f.mode, i) for f, i in zip(files, ids, strict=True)]
+
+
+def weight_warning(root: str, files: Iterable[SourceFile]) -> str | None:
+    """A note when nothing under root looks like model weights (a wrong or half-mounted path)."""
+    if any(f.path.endswith(WEIGHT_SUFFIXES) for f in files):
+        return None
+    kinds = ", ".join(f"*{s}" for s in WEIGHT_SUFFIXES[:6])
+    return f"warning: no weight files ({kinds}, ...) under {root}: is this the model's directory?"
+
+
+def compare_to_source(
+    manifest: Manifest, files: Iterable[SourceFile], root: str, label: str = "the source"
+) -> None:
     """Stat-level check before anything is copied: same file list, same sizes."""
     have = {f.path: f for f in files}
     problems = []
     for entry in manifest.files:
         got = have.pop(entry.path, None)
         if got is None:
-            problems.append(f"{entry.path}: in the manifest, missing from the source")
+            problems.append(f"{entry.path}: in the manifest, missing from {label}")
         elif got.size != entry.size:
             problems.append(f"{entry.path}: {got.size} bytes, the manifest says {entry.size}")
-    problems += [f"{path}: in the source, not in the manifest" for path in sorted(have)]
+    problems += [f"{path}: in {label}, not in the manifest" for path in sorted(have)]
     if problems:
         raise SourceError(
             f"source {root} does not match its manifest ({len(problems)} difference(s))",

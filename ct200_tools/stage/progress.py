@@ -6,7 +6,7 @@ import threading
 import time
 from typing import Protocol, TextIO
 
-from ct200_tools.stage.units import format_size
+from ct200_tools.stage.sizes import format_size
 
 
 class ProgressSink(Protocol):

@@ -1,29 +1,29 @@
 """Stage one model: check, lock, copy with inline verification into a partial tree, publish whole.
 
 Order matters and is the point of this module:
-1. read-only checks: manifest, source against it, what the target holds, capacity;
+1. read-only checks: manifest, source against it, what the target holds (`target`), capacity;
 2. the lock (nothing else of this target changes while we hold it);
-3. the partial tree beside the target: resumed when its manifest matches, else started afresh;
-4. copy + hash + compare, journalling each file once verified and synced;
-5. marker written inside the partial tree, then one rename publishes tree and marker together.
+3. the partial tree beside the target: resumed when its manifest matches, after re-hashing every
+   chunk it keeps (tmpfs: memory bandwidth, not disk), else started afresh;
+4. copy + hash + compare, journalling each chunk once verified and synced;
+5. anything in the partial tree that is not the manifest's removed, the marker written inside it,
+   then one rename publishes tree and marker together.
 A kill at any point leaves either the old state or a partial tree that the next run resumes.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import errno
+import contextlib
 import os
-import shutil
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
 
 from ct200_tools.fsutil import fsync_dir, write_atomic
 from ct200_tools.stage import capacity, tree
-from ct200_tools.stage.engine import DEFAULT_BUFFER, ChunkEngine, FileJob, ReadMode
-from ct200_tools.stage.errors import RefusedError, SourceError
+from ct200_tools.stage.engine import ChunkEngine, FileJob, ReadMode
+from ct200_tools.stage.errors import RefusedError, SourceError, VerifyError
 from ct200_tools.stage.hashing import default_algorithm
 from ct200_tools.stage.lock import target_lock
 from ct200_tools.stage.manifest import (
@@ -34,15 +34,19 @@ from ct200_tools.stage.manifest import (
     compare_to_source,
     load_manifest,
     now_utc,
-    parse_manifest,
-    scan_tree,
+    scan_source,
+    weight_warning,
 )
 from ct200_tools.stage.progress import NullProgress, ProgressSink
+from ct200_tools.stage.resume import resume_partial
+from ct200_tools.stage.target import TargetState, inspect, target_path
+from ct200_tools.stage.verify import verify_tree
 
 
 def default_jobs() -> int:
     # Enough reads in flight to keep a disk (or an NVMe RAID) busy while others hash and write;
-    # each thread holds one 16 MiB buffer.
+    # each thread holds one 1 MiB buffer. On 2 cores, 4 threads and 16 measured alike (within the
+    # noise of a shared VM: docs/staging.md), so the floor of 16 stays for slow disks.
     return min(64, max(16, 2 * (os.cpu_count() or 1)))
 
 
@@ -54,7 +58,8 @@ class StageOptions:
     replace: bool = False
     wait: float = 0.0
     create_manifest: bool = False
-    buffer_size: int = DEFAULT_BUFFER
+    #: None: the engine's choice for the read mode.
+    buffer_size: int | None = None
     drop_cache: bool = True
 
 
@@ -101,24 +106,27 @@ def stage(
     opts = options or StageOptions()
     sink = progress or NullProgress()
     src = os.path.realpath(source)
-    dst = _target_path(target)
-    _refuse_overlap(src, dst)
     name = name or os.path.basename(src)
+    dst = target_path(target, name)
+    _refuse_overlap(src, dst)
 
     manifest: Manifest | None
     if opts.create_manifest and not os.path.exists(manifest_path):
         manifest = None
     else:
         manifest = load_manifest(manifest_path)
-    files = scan_tree(src)
+    files = scan_source(src)
     if manifest is not None:
         compare_to_source(manifest, files, src)
 
-    # Read-only first: if it will not fit, say so before creating so much as a directory.
-    already = _staged_digest(dst)
-    if manifest is None or already != manifest.digest:
+    # Read-only first: a refusal, or "it will not fit", before creating so much as a directory.
+    state = inspect(dst, manifest, replace=opts.replace, name=name)
+    if state.kind != "staged":
         capacity.require(
-            capacity.measure(dst, opts.reserve), _needed(files, manifest, dst), f"model {name}"
+            capacity.measure(dst, opts.reserve),
+            _needed(files, manifest, dst),
+            f"model {name}",
+            _inodes(files),
         )
 
     os.makedirs(os.path.dirname(dst), exist_ok=True)
@@ -145,17 +153,23 @@ class _Stage:
         self.opts = opts
         self.sink = sink
         self.partial = tree.partial_path(dst)
-        self.notes: list[str] = []
+        warning = weight_warning(src, files)
+        self.notes: list[str] = [warning] if warning else []
         self.replacing = False
 
     def run(self) -> StageResult:
-        if self._inspect_target():
+        # Again under the lock: another stage may have finished (or started) since the first look.
+        state = inspect(self.dst, self.manifest, replace=self.opts.replace, name=self.name)
+        if state.kind == "staged" and (not self.opts.replace or self._still_verifies()):
             self._clean_leftovers()
             return self._result("already-staged", copied=(), resumed=0, seconds=0.0, mode="")
+        self._use_target(state)
         resume = self._prepare_partial()
         cap = capacity.measure(self.dst, self.opts.reserve)
         todo = [f for f in self.files if f.path not in resume.files]
-        capacity.require(cap, _still_needed(todo, resume, self.manifest), f"model {self.name}")
+        capacity.require(
+            cap, _still_needed(todo, resume, self.manifest), f"model {self.name}", _inodes(todo)
+        )
         t0 = time.monotonic()
         mode = self._copy(todo, resume, sync_writes=not cap.memory_backed)
         seconds = time.monotonic() - t0
@@ -165,81 +179,43 @@ class _Stage:
 
     # --- what is there already ---------------------------------------------------------------
 
-    def _inspect_target(self) -> bool:
-        """True when the target already holds this model; raises when it holds something else."""
-        dst = self.dst
-        if not os.path.lexists(dst):
+    def _still_verifies(self) -> bool:
+        """--replace of a copy that looks staged: re-hash it (tmpfs: memory bandwidth) and swap it
+        out only if it does not verify, so that the fix `verify` prints always works."""
+        assert self.manifest is not None  # noqa: S101 - "staged" means a manifest matched
+        try:
+            verify_tree(self.dst, self.manifest, jobs=self.opts.jobs)
+        except VerifyError as exc:
+            self.notes.append(f"the staged copy did not verify ({exc.message}): restaged")
+            self.replacing = True
             return False
-        if os.path.islink(dst) or not os.path.isdir(dst):
-            raise RefusedError(
-                f"{dst} exists and is not a directory",
-                f"move it away yourself (it is not ours to delete): mv {dst} {dst}.old",
-            )
-        digest = _staged_digest(dst)
-        if self.manifest is not None and digest == self.manifest.digest:
-            return True
-        if digest is None and not os.listdir(dst):
-            os.rmdir(dst)  # an empty directory holds nothing to protect
-            return False
-        if not self.opts.replace:
-            what = (
-                f"a different staged model (manifest {digest})"
-                if digest
-                else "files that were not staged by ct200-stage"
-            )
-            raise RefusedError(
-                f"{dst} holds {what}; refusing to overwrite it",
-                f"pass --replace to swap it for {self.name} atomically once the new copy is "
-                f"verified, or remove it yourself: rm -rf {dst}",
-            )
-        self.replacing = True
-        return False
+        self.notes.append("--replace: the staged copy was re-hashed and verifies; kept it")
+        return True
+
+    def _use_target(self, state: TargetState) -> None:
+        if state.kind == "empty":
+            os.rmdir(self.dst)  # an empty directory holds nothing to protect
+        elif state.kind == "replace":
+            self.replacing = True
+            self.notes.append(f"{self.dst} held {state.detail}")
 
     def _prepare_partial(self) -> tree.JournalState:
-        """Resume a partial tree of the same manifest; start afresh from anything else."""
+        """Resume our own partial tree of the same manifest; start afresh from anything else."""
         partial = self.partial
-        if os.path.lexists(partial):
-            resume = self._resumable(partial)
+        if tree.owned(partial):
+            resume, note = resume_partial(partial, self.manifest, self.opts.jobs)
             if resume is not None:
-                chunks = sum(len(c) for c in resume.chunks.values())
-                self.notes.append(
-                    f"resumed: kept {len(resume.files)} file(s) and {chunks} chunk(s) of others "
-                    "verified by the last run"
-                )
+                self.notes.append(note)
+                self._prune()
                 return resume
             self.notes.append(f"discarded an unusable partial tree at {partial}")
-            _remove_tree(partial)
-        os.mkdir(partial, 0o755)
+            tree.remove(partial)
+        elif os.path.lexists(partial):
+            tree.remove_if_empty(partial)
+        tree.claim(partial)
         if self.manifest is not None:
             write_atomic(os.path.join(partial, tree.MANIFEST_NAME), self.manifest.to_json())
         return tree.JournalState(set(), {})
-
-    def _resumable(self, partial: str) -> tree.JournalState | None:
-        if self.manifest is None or os.path.islink(partial) or not os.path.isdir(partial):
-            return None
-        try:
-            with open(os.path.join(partial, tree.MANIFEST_NAME), encoding="utf-8") as fh:
-                theirs = parse_manifest(fh.read(), partial)
-        except (OSError, SourceError):
-            return None
-        if theirs.digest != self.manifest.digest:
-            return None
-        recorded = tree.Journal(partial).read()
-        kept = tree.JournalState(set(), {})
-        for entry in self.manifest.files:
-            try:
-                size = os.stat(os.path.join(partial, entry.path)).st_size
-            except OSError:
-                continue  # recorded or not, a file that is gone is redone
-            if entry.path in recorded.files and size == entry.size:
-                kept.files.add(entry.path)
-            elif entry.path in recorded.chunks:
-                valid = {c for c in recorded.chunks[entry.path] if c < len(entry.chunks)}
-                if len(valid) == len(entry.chunks) and size == entry.size:
-                    kept.files.add(entry.path)
-                elif valid:
-                    kept.chunks[entry.path] = valid
-        return kept
 
     # --- the copy ----------------------------------------------------------------------------
 
@@ -285,7 +261,8 @@ class _Stage:
     def _job(self, f: SourceFile, resume: tree.JournalState) -> FileJob:
         entry = self.manifest.file(f.path) if self.manifest else None
         skip = frozenset(resume.chunks.get(f.path, ()))
-        return FileJob(f.path, f.size, entry.chunks if entry else None, skip=skip)
+        expected = entry.chunks if entry else None
+        return FileJob(f.path, f.size, expected, skip=skip, identity=f.identity)
 
     def _adopt_manifest(
         self, algorithm: str, chunk: int, digests: dict[str, tuple[str, ...]]
@@ -302,26 +279,47 @@ class _Stage:
 
     # --- publishing --------------------------------------------------------------------------
 
+    def _prune(self) -> None:
+        """Remove from our partial tree whatever is not the manifest's: what the server would
+        see must be the model and nothing else (a kill's temporary file, anything put there)."""
+        assert self.manifest is not None  # noqa: S101
+        removed = tree.prune(self.partial, {f.path for f in self.manifest.files})
+        if removed:
+            shown = ", ".join(removed[:5]) + (" ..." if len(removed) > 5 else "")
+            self.notes.append(f"removed from the partial tree what is not the model's: {shown}")
+
     def _publish(self) -> None:
         assert self.manifest is not None  # noqa: S101 - set by _copy when it was missing
+        self._prune()
         for entry in self.manifest.files:
-            got = os.stat(os.path.join(self.partial, entry.path)).st_size
-            if got != entry.size:  # cannot happen unless something else writes into our tree
-                raise SourceError(f"{entry.path}: {got} bytes after the copy, not {entry.size}")
+            st = os.lstat(os.path.join(self.partial, entry.path))
+            if not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
+                # Cannot happen unless something else writes into our tree.
+                raise SourceError(
+                    f"{entry.path}: {st.st_size} bytes after the copy, not {entry.size}",
+                    "run the same command again",
+                )
         tree.Journal(self.partial).remove()
-        tree.write_marker(self.partial, self.manifest, self.src)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.partial, tree.OWNER_NAME))  # the marker says it now
+        tree.write_marker(
+            self.partial, self.manifest, self.src, os.path.abspath(self.manifest_path)
+        )
         fsync_dir(self.partial)
         if self.replacing and os.path.lexists(self.dst):
-            _exchange(self.partial, self.dst)  # now the partial name holds the old tree
+            tree.exchange(self.partial, self.dst)  # now the partial name holds the old tree
             self.notes.append(f"replaced the previous contents of {self.dst}")
         else:
             os.rename(self.partial, self.dst)
         fsync_dir(os.path.dirname(self.dst))
 
     def _clean_leftovers(self) -> None:
+        # The old tree after a swap, or a partial tree nobody needs now; only ever ours.
         for path in (self.partial, tree.trash_path(self.dst)):
-            if os.path.lexists(path):
-                _remove_tree(path)
+            if tree.owned(path):
+                tree.remove(path)
+            elif os.path.lexists(path):
+                tree.remove_if_empty(path)
 
     def _result(
         self,
@@ -355,27 +353,6 @@ class _Stage:
         )
 
 
-def _staged_digest(dst: str) -> str | None:
-    """The manifest digest a target is validly staged with, or None (absent, unmarked, broken)."""
-    try:
-        marker = tree.read_marker(dst)
-        if marker is None:
-            return None
-        with open(os.path.join(dst, tree.MANIFEST_NAME), encoding="utf-8") as fh:
-            manifest = parse_manifest(fh.read(), dst)
-    except (OSError, ValueError, KeyError, TypeError, SourceError):
-        return None
-    if manifest.digest != marker.manifest_digest:
-        return None
-    for entry in manifest.files:
-        try:
-            if os.stat(os.path.join(dst, entry.path)).st_size != entry.size:
-                return None
-        except OSError:
-            return None
-    return manifest.digest
-
-
 def _needed(files: list[SourceFile], manifest: Manifest | None, dst: str) -> int:
     partial = tree.partial_path(dst)
     resume = tree.JournalState(set(), {})
@@ -393,11 +370,11 @@ def _still_needed(todo: list[SourceFile], resume: tree.JournalState, m: Manifest
     return max(0, need - held)
 
 
-def _target_path(target: str) -> str:
-    parent, base = os.path.split(os.path.abspath(target))
-    if not base:
-        raise RefusedError(f"{target} names no directory", "give the directory to stage into")
-    return os.path.join(os.path.realpath(parent), base)
+def _inodes(files: list[SourceFile]) -> int:
+    """Inodes the copy takes: files, their directories, our own files and a temporary one."""
+    dirs = {os.path.dirname(f.path) for f in files} - {""}
+    parents = {"/".join(d.split("/")[:i]) for d in dirs for i in range(1, d.count("/") + 2)}
+    return len(files) + len(parents) + 1 + len(tree.OWN_NAMES) + 1
 
 
 def _refuse_overlap(src: str, dst: str) -> None:
@@ -416,37 +393,9 @@ def _create(path: str, mode: int, *, keep: bool = False) -> None:
     # keep: verified chunks of an interrupted run are in it; everything else is rewritten.
     os.makedirs(os.path.dirname(path), exist_ok=True)
     trunc = 0 if keep else os.O_TRUNC
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | trunc | os.O_CLOEXEC, 0o600)
+    flags = os.O_WRONLY | os.O_CREAT | trunc | os.O_CLOEXEC | os.O_NOFOLLOW
+    fd = os.open(path, flags, 0o600)
     try:
         os.fchmod(fd, mode | 0o400)
     finally:
         os.close(fd)
-
-
-def _remove_tree(path: str) -> None:
-    if os.path.islink(path) or not os.path.isdir(path):
-        os.unlink(path)
-    else:
-        shutil.rmtree(path)
-
-
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-
-
-def _exchange(a: str, b: str) -> None:
-    """Swap two directories in one step (renameat2 RENAME_EXCHANGE): a server looking at b sees
-    the old tree or the new, never nothing. Falls back to two renames where unsupported."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    fn = getattr(libc, "renameat2", None)
-    if fn is not None:
-        rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
-        if rc == 0:
-            return
-        err = ctypes.get_errno()
-        if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-            raise OSError(err, os.strerror(err), b)
-    trash = tree.trash_path(b)
-    os.rename(b, trash)
-    os.rename(a, b)
-    os.rename(trash, a)

@@ -4,24 +4,38 @@ A staged tree `DST` holds the model plus `.ct200-manifest.json` (a copy of the m
 checked against) and `.ct200-staged` (the marker: the manifest's digest, when and from where).
 It is built in `.DST.ct200-partial` beside it and renamed into place whole; a directory whose marker
 is missing or does not match its manifest is never "staged".
+
+Ownership: the tool deletes or swaps out only trees it made, and says so by a file of its own at
+their top: a partial tree gets `.ct200-owner` the moment it is created, a staged tree carries its
+marker and manifest. Anything else (a directory of other models, files someone put there) is
+refused, not removed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import errno
 import json
 import os
+import shutil
 import socket
+import stat
 from dataclasses import dataclass
 
 from ct200_tools import __version__
 from ct200_tools.fsutil import fsync_dir, write_atomic
+from ct200_tools.stage.errors import RefusedError
 from ct200_tools.stage.manifest import Manifest, now_utc
 
 MANIFEST_NAME = ".ct200-manifest.json"
 MARKER_NAME = ".ct200-staged"
 JOURNAL_NAME = ".ct200-journal"
+OWNER_NAME = ".ct200-owner"
 MARKER_KIND = "ct200-stage-marker"
+#: The files of ours that may sit at the top of a tree; their presence is the claim of ownership.
+OWN_NAMES = (MANIFEST_NAME, MARKER_NAME, JOURNAL_NAME, OWNER_NAME)
 
 
 def partial_path(target: str) -> str:
@@ -34,6 +48,49 @@ def trash_path(target: str) -> str:
     return os.path.join(parent, f".{name}.ct200-trash")
 
 
+def owned(path: str) -> bool:
+    """True for a real directory (not a link) that carries one of our own files at its top."""
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return False
+    except OSError:
+        return False
+    return any(os.path.lexists(os.path.join(path, n)) for n in OWN_NAMES)
+
+
+def claim(path: str) -> None:
+    """Create the directory and mark it ours at once: a kill between the two leaves it empty."""
+    os.mkdir(path, 0o755)
+    fd = os.open(os.path.join(path, OWNER_NAME), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, json.dumps({"kind": "ct200-stage-partial", "pid": os.getpid()}).encode())
+    finally:
+        os.close(fd)
+
+
+def prune(root: str, keep: set[str]) -> list[str]:
+    """Remove everything under root but the relative paths in `keep` (and their directories) and
+    our own top-level files; return what was removed. Links are removed, never followed."""
+    dirs = {"/".join(p.split("/")[:i]) for p in keep for i in range(1, p.count("/") + 1)}
+    removed: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+        rel_dir = os.path.relpath(dirpath, root)
+        rel_dir = "" if rel_dir == "." else rel_dir
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            path = os.path.join(dirpath, name)
+            if (rel in keep and stat.S_ISREG(os.lstat(path).st_mode)) or (
+                not rel_dir and name in OWN_NAMES
+            ):
+                continue
+            os.unlink(path)
+            removed.append(rel)
+        if rel_dir and rel_dir not in dirs:
+            os.rmdir(dirpath)  # its files went above, its subdirectories before it
+            removed.append(rel_dir + "/")
+    return removed
+
+
 @dataclass(frozen=True)
 class Marker:
     manifest_digest: str
@@ -42,11 +99,19 @@ class Marker:
     staged_at: str
     files: int
     bytes: int
+    #: The source's manifest it was staged with, so that a restage command can be printed whole.
+    manifest_path: str = ""
 
 
-def write_marker(tree: str, manifest: Manifest, source: str) -> Marker:
+def write_marker(tree: str, manifest: Manifest, source: str, manifest_path: str = "") -> Marker:
     marker = Marker(
-        manifest.digest, manifest.name, source, now_utc(), len(manifest.files), manifest.total_bytes
+        manifest.digest,
+        manifest.name,
+        source,
+        now_utc(),
+        len(manifest.files),
+        manifest.total_bytes,
+        manifest_path,
     )
     body = {"kind": MARKER_KIND, **marker.__dict__, "host": socket.gethostname()}
     body["tool"] = f"ct200-tools {__version__}"
@@ -70,6 +135,7 @@ def read_marker(tree: str) -> Marker | None:
         str(raw.get("staged_at", "")),
         int(raw.get("files", 0)),
         int(raw.get("bytes", 0)),
+        str(raw.get("manifest_path", "")),
     )
 
 
@@ -134,3 +200,44 @@ class Journal:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         fsync_dir(os.path.dirname(self.path))
+
+
+def remove(path: str) -> None:
+    """Remove one of our trees (the caller checked `owned`), or a file or link of our names."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        os.unlink(path)
+    else:
+        shutil.rmtree(path)
+
+
+def remove_if_empty(path: str) -> None:
+    """A directory at one of our names that we did not make: used if empty, else refused."""
+    try:
+        os.rmdir(path)
+    except OSError as exc:
+        raise RefusedError(
+            f"{path} exists and was not made by ct200-stage ({exc.strerror}); refusing to touch it",
+            f"move it away yourself: mv {path} {path}.old",
+        ) from exc
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def exchange(a: str, b: str) -> None:
+    """Swap two directories in one step (renameat2 RENAME_EXCHANGE): a server looking at b sees
+    the old tree or the new, never nothing. Falls back to two renames where unsupported."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is not None:
+        rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+        if rc == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise OSError(err, os.strerror(err), b)
+    trash = trash_path(b)
+    os.rename(b, trash)
+    os.rename(a, b)
+    os.rename(trash, a)

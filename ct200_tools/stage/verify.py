@@ -1,4 +1,8 @@
-"""Re-hash a tree (staged copy or persistent source) against a manifest, every chunk."""
+"""Re-hash a tree (staged copy or persistent source) against a manifest, every chunk.
+
+A staged copy sits in RAM: re-hashing it is a copy out of tmpfs and a hash, both CPU work, so more
+threads than cores only take turns; and there is no page cache of ours to drop.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from ct200_tools.stage import tree
+from ct200_tools.stage import capacity, tree
 from ct200_tools.stage.engine import ChunkEngine, FileJob, ReadMode
 from ct200_tools.stage.errors import SourceError, VerifyError
 from ct200_tools.stage.manifest import Manifest, compare_to_source, parse_manifest, scan_tree
@@ -42,7 +46,7 @@ def embedded_manifest(root: str) -> Manifest | None:
 def check_listing(root: str, manifest: Manifest) -> None:
     """Same files, same sizes (stat only); a difference is a VerifyError listing each one."""
     try:
-        compare_to_source(manifest, scan_tree(root), root)
+        compare_to_source(manifest, scan_tree(root), root, "the tree")
     except SourceError as exc:
         raise VerifyError(
             f"{root} does not match its manifest (files or sizes differ)",
@@ -62,11 +66,13 @@ def verify_tree(
     """Raise VerifyError naming every differing file and chunk; return the figures otherwise."""
     sink = progress or NullProgress()
     check_listing(root, manifest)
+    in_ram = capacity.fs_type_of(root) in capacity.MEMORY_FS
     engine = ChunkEngine(
         algorithm=manifest.algorithm,
         chunk_size=manifest.chunk_size,
-        jobs=jobs,
+        jobs=min(jobs, os.cpu_count() or 1) if in_ram else jobs,
         read_mode=read_mode,
+        drop_cache=not in_ram,
         progress=sink.advance,
         keep_going=True,
     )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -118,5 +120,25 @@ def test_an_os_error_is_a_message_not_a_traceback(tmp_path: Path, manifest_dir: 
     res = cli("stage", str(src), str(blocker / "sub" / "m"), "--json")
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr and "fix:" in res.stderr
-    assert _json(res.stdout)["error"]["kind"] == "os"  # type: ignore[index]
+    # Found before anything is written since issue 10: a target problem, named as such.
+    assert _json(res.stdout)["error"]["kind"] == "target"  # type: ignore[index]
     assert blocker.read_text() == "not a directory"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_a_read_only_destination_is_an_os_message_not_a_traceback(
+    tmp_path: Path, manifest_dir: Path
+) -> None:
+    src = make_model(tmp_path / "m")
+    assert cli("manifest", str(src)).returncode == 0
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64m", "tmpfs", str(ro)], check=True)
+    try:
+        res = cli("stage", str(src), str(ro / "models" / "m"), "--json")
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], check=False)
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr and "fix:" in res.stderr
+    assert "Read-only file system" in res.stderr
+    assert _json(res.stdout)["error"]["kind"] == "os"  # type: ignore[index]

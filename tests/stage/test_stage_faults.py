@@ -16,63 +16,19 @@ import pytest
 
 from ct200_tools.stage import tree
 from ct200_tools.stage.errors import LockBusyError
-from ct200_tools.stage.hashing import new_hasher
 from ct200_tools.stage.lock import holder_pid, target_lock
-from ct200_tools.stage.manifest import Manifest, parse_manifest
 from ct200_tools.stage.status import model_status
-from ct200_tools.stage.verify import verify_tree
 
-from .conftest import cli, make_model, tree_bytes, write_manifest
+from .conftest import (
+    assert_never_half_done,
+    cli,
+    make_model,
+    stage_argv,
+    tree_bytes,
+    write_manifest,
+)
 
 KILLS = 8
-
-
-def _stage_cmd(src: Path, dst: Path, manifest: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-c",
-        "from ct200_tools.cli.stage import main; main()",
-        "stage",
-        str(src),
-        str(dst),
-        "--manifest",
-        str(manifest),
-        "--jobs",
-        "2",
-        "--json",
-        *extra,
-    ]
-
-
-def _partial_manifest(partial: Path) -> Manifest:
-    return parse_manifest((partial / tree.MANIFEST_NAME).read_text(), str(partial))
-
-
-def _assert_never_half_done(dst: Path) -> None:
-    """After a kill: whatever claims to be complete is complete, byte for byte."""
-    if dst.exists():
-        st = model_status(str(dst), deep=True)
-        assert st.state == "staged", st
-    partial = Path(tree.partial_path(str(dst)))
-    if not partial.exists() or not (partial / tree.MANIFEST_NAME).exists():
-        return
-    manifest = _partial_manifest(partial)
-    if (partial / tree.MARKER_NAME).exists():
-        verify_tree(str(partial), manifest, jobs=2)  # a marker only ever sits on verified data
-    journal = tree.Journal(str(partial)).read()
-    # Every chunk the journal vouches for holds exactly the manifest's bytes, checked here with
-    # plain reads and hashes (not with the engine under test).
-    for path in journal.files | set(journal.chunks):
-        entry = manifest.file(path)
-        assert entry is not None
-        chunks = range(len(entry.chunks)) if path in journal.files else journal.chunks[path]
-        with open(partial / path, "rb") as fh:
-            for c in chunks:
-                fh.seek(c * manifest.chunk_size)
-                want = min(manifest.chunk_size, entry.size - c * manifest.chunk_size)
-                h = new_hasher(manifest.algorithm)
-                h.update(fh.read(want))
-                assert h.hexdigest() == entry.chunks[c], (path, c)
 
 
 def test_kill_9_at_random_points_then_rerun(tmp_path: Path, shm: Path) -> None:
@@ -83,14 +39,14 @@ def test_kill_9_at_random_points_then_rerun(tmp_path: Path, shm: Path) -> None:
     partial = Path(tree.partial_path(str(dst)))
     rng = random.Random(20240601)  # noqa: S311 - kill timing, not cryptography
     # How long the copy itself takes here, so that kills are spread over it.
-    first = subprocess.run(_stage_cmd(src, dst, mpath), capture_output=True, text=True, check=True)
+    first = subprocess.run(stage_argv(src, dst, mpath), capture_output=True, text=True, check=True)
     window = max(0.02, 1.2 * json.loads(first.stdout)["result"]["seconds"])
     shutil.rmtree(dst)
     landed = {"before-copy": 0, "mid-copy": 0, "finished": 0}
     journaled: list[int] = []
     for _ in range(KILLS):
         proc = subprocess.Popen(
-            _stage_cmd(src, dst, mpath, "--read-mode", rng.choice(["auto", "buffered"])),
+            stage_argv(src, dst, mpath, "--read-mode", rng.choice(["auto", "buffered"])),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -104,14 +60,14 @@ def test_kill_9_at_random_points_then_rerun(tmp_path: Path, shm: Path) -> None:
         else:
             landed["finished"] += 1
         proc.wait()
-        _assert_never_half_done(dst)
+        assert_never_half_done(dst)
         state = tree.Journal(str(partial)).read()
         journaled.append(len(state.files) + sum(len(c) for c in state.chunks.values()))
         if dst.exists():  # it won the race: start over so the next kill lands in a copy again
             shutil.rmtree(dst)
     assert landed["mid-copy"] >= KILLS // 2, landed
     assert any(n > 0 for n in journaled), journaled  # some kills hit between verified files
-    done = subprocess.run(_stage_cmd(src, dst, mpath), capture_output=True, text=True, check=False)
+    done = subprocess.run(stage_argv(src, dst, mpath), capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)["result"]
     assert summary["outcome"] == "staged"
@@ -127,7 +83,7 @@ def test_two_stages_of_one_model_do_not_interleave(tmp_path: Path, shm: Path) ->
     dst = shm / "m"
     procs = [
         subprocess.Popen(
-            _stage_cmd(src, dst, mpath), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            stage_argv(src, dst, mpath), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
         for _ in range(2)
     ]
@@ -147,7 +103,7 @@ def test_two_stages_of_one_model_do_not_interleave(tmp_path: Path, shm: Path) ->
     shutil.rmtree(dst)
     procs = [
         subprocess.Popen(
-            _stage_cmd(src, dst, mpath, "--wait", "60"), stdout=subprocess.PIPE, text=True
+            stage_argv(src, dst, mpath, "--wait", "60"), stdout=subprocess.PIPE, text=True
         )
         for _ in range(2)
     ]
