@@ -2,8 +2,8 @@
 Ansible's own floor (a play of as many no-op `command: /bin/true` tasks on the same hosts, run
 in turn with it), and the ct200_pve_lxc_gpu module on a 40-line config with 11 devices.
 
-    sudo .venv/bin/python benchmarks/host/bench.py                 # ~6 min on 2 cores
-    sudo .venv/bin/python benchmarks/host/bench.py --reps 1 --module-reps 3   # the smoke size
+    sudo .venv/bin/python -m benchmarks.host.bench                 # ~6 min on 2 cores
+    sudo .venv/bin/python -m benchmarks.host.bench --reps 1 --module-reps 3   # the smoke size
 
 Without --inventory it takes a free test slot (1..8; slot 0 is left alone), boots pve + ct and
 takes them down at the end; with --inventory it uses that running testbed (the tests do) and

@@ -20,7 +20,7 @@ from typing import Literal, cast, get_args
 
 from ct200_tools.facts import ManifestFacts, ModelFacts, RehashedFile, StagedTreeFacts
 from ct200_tools.stage.errors import SourceError
-from ct200_tools.stage.manifest import FileEntry, Manifest, SourceFile, compare_to_source
+from ct200_tools.stage.manifest import FileEntry, Manifest, compare_to_source
 
 StageState = Literal["staged", "missing", "partial", "unmarked", "mismatch", "unreadable"]
 #: A verdict lists at most this many differences (and says how many more there are).
@@ -136,6 +136,12 @@ def _against_manifest(t: StagedTreeFacts, m: ManifestFacts, found: StageVerdict)
     return replace(found, state="staged", detail=detail)
 
 
+@dataclass(frozen=True)
+class _Listed:
+    path: str
+    size: int
+
+
 def listing_differences(root: str, m: ManifestFacts, t: StagedTreeFacts) -> tuple[str, ...]:
     """Entries that are not plain files, else the files and sizes that differ from the
     manifest, in ct200-stage's words (stage/manifest.compare_to_source)."""
@@ -146,7 +152,7 @@ def listing_differences(root: str, m: ManifestFacts, t: StagedTreeFacts) -> tupl
     manifest = Manifest(
         "", m.algorithm, m.chunk_size, tuple(FileEntry(f.path, f.size, f.chunks) for f in m.files)
     )
-    files = [SourceFile(e.path, e.size, 0) for e in entries if e.size is not None]
+    files = [_Listed(e.path, e.size) for e in entries if e.size is not None]
     try:
         compare_to_source(manifest, files, root)
     except SourceError as exc:

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import PurePosixPath
+from typing import Protocol
 
 from ct200_tools.stage.errors import SourceError
 from ct200_tools.stage.hashing import ALGORITHMS
@@ -286,8 +287,18 @@ def weight_warning(root: str, files: Iterable[SourceFile]) -> str | None:
     return f"warning: no weight files ({kinds}, ...) under {root}: is this the model's directory?"
 
 
+class Listed(Protocol):
+    """What compare_to_source needs of a file: a SourceFile, or a file the doctor listed."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def size(self) -> int: ...
+
+
 def compare_to_source(
-    manifest: Manifest, files: Iterable[SourceFile], root: str, label: str = "the source"
+    manifest: Manifest, files: Iterable[Listed], root: str, label: str = "the source"
 ) -> None:
     """Stat-level check before anything is copied: same file list, same sizes."""
     have = {f.path: f for f in files}

@@ -412,7 +412,8 @@ def bench(host: Host) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             sys.executable,
-            str(REPO / "benchmarks/host/bench.py"),
+            "-m",
+            "benchmarks.host.bench",
             "--inventory",
             str(host.bed.inventory),
             "--reps",

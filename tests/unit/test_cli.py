@@ -424,7 +424,7 @@ def test_textfile_target_refused_before_anything(tmp_path: Path, target: str, me
     [
         (("--json", "--prometheus"), "--json and --prometheus both choose what is printed"),
         (("--facts", INCIDENT), "--facts given 2 times: give it once"),
-        (("--spec", CT200, "--spec", CT200), "--spec given 2 times: give it once"),
+        (("--spec", CT200, "--spec", CT200), "Invalid value for '--spec': given 2 times"),
         (("--textfile=/tmp/a.prom", "--textfile", "/tmp/b.prom"), "--textfile given 2 times"),
         (("--deep",), "--deep changes how this machine is probed, and --facts probes nothing"),
         (("--timeout", "5"), "--timeout changes how this machine is probed"),

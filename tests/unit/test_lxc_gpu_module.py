@@ -161,7 +161,8 @@ def test_host_benchmark_module_figures_at_the_smoke_size() -> None:
     proc = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "benchmarks/host/bench.py"),
+            "-m",
+            "benchmarks.host.bench",
             "--module-only",
             "--module-reps",
             "2",

@@ -16,11 +16,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from ct200_tools.checks.devices import driver_of as doctor_driver_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ct200_tools import pvecfg
+from ct200_tools.checks.dev import driver_of as doctor_driver_of
 from ct200_tools.pvecfg import PveConfigError, Want
 
 ROOT = Path(__file__).resolve().parents[2]
