@@ -63,18 +63,21 @@ def _sort(models: list[ModelSpec], found: dict[str, ModelFacts]) -> _Sorted:
     "models.staged",
     "models staged and intact",
     "error",
-    needs=("models",),
+    needs=("models", "serving"),
     needs_spec=True,
     tags=("staging",),
 )
 def check_staged(ctx: Context) -> Outcome:
-    """Every model an enabled server serves (and its declared draft model) is staged by
+    """Every model a serving server serves (and its declared draft model) is staged by
     ct200-stage: a marker naming the manifest, every file at its size, and with --deep every
-    chunk re-hashed. A partial tree with a running stage is a warning; a missing persistent copy
-    says so, since staging never creates one."""
-    models = list(ctx.site.needed_models())
+    chunk re-hashed. The serving servers are those of the serving set
+    (/var/lib/ct200/serving.json) when there is one, else the spec's enabled servers; a gate or
+    `check --server NAME` judges that server's model and draft only. A partial tree with a
+    running stage is a warning; a missing persistent copy says so, since staging never creates
+    one."""
+    models = list(ctx.needed_models())
     if not models:
-        return skipped("no enabled server needs a model")
+        return skipped("no serving server needs a model")
     if ctx.facts.models is None:
         why = ctx.facts.unreadable.get("models")
         return skipped(f"models not probed: {why}" if why else "models not probed")

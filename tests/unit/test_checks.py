@@ -328,7 +328,7 @@ def test_selecting_nothing_is_an_error() -> None:
     with pytest.raises(SelectionError, match="--only gpu --skip gpu selects no check"):
         select(["gpu"], ["gpu"])
     with pytest.raises(SelectionError):
-        select(skip=["driver", "dev", "gpu", "topo", "tune", "host", "mem", "models"])
+        select(skip=["driver", "dev", "gpu", "topo", "tune", "host", "mem", "models", "server"])
 
 
 def test_nothing_judged_is_not_clean() -> None:
@@ -355,7 +355,7 @@ def test_ids_unique_well_formed_and_documented() -> None:
         prefix = c.id.split(".")[0]
         assert c.module == f"ct200_tools.checks.{prefix}", (c.id, c.module)
         assert c.needs and set(c.needs) <= FACT_SECTIONS, (c.id, c.needs)
-    assert len(CHECKS) == 22  # a new check needs its doc entry and this count bumped
+    assert len(CHECKS) == 30  # a new check needs its doc entry and this count bumped
     assert docs == render(), "docs/checks.md is stale: run make docs"
     units = {
         obj.id
@@ -371,7 +371,17 @@ def test_ids_unique_well_formed_and_documented() -> None:
 # each with the smallest edit that makes the point. test_every_check_has_examples keeps the
 # table complete; each example also proves the check reads only the facts it declares.
 # =============================================================================================
-FACT_SECTIONS = {"kernel", "devices", "pci", "nvml", "cuda", "memory", "models"}
+FACT_SECTIONS = {
+    "kernel",
+    "devices",
+    "pci",
+    "nvml",
+    "cuda",
+    "memory",
+    "models",
+    "serving",
+    "servers",
+}
 
 
 @dataclass(frozen=True)
