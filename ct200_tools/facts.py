@@ -342,6 +342,9 @@ class EngineFacts:
     executable: bool = False
     #: The module the interpreter must find (sglang, vllm); None for engine command.
     module: str | None = None
+    #: The interpreter whose environment was read (the engine's, or a command that is a
+    #: Python); None: not a Python, so no compressed-tensors to read.
+    python: str | None = None
     module_found: bool | None = None
     #: The engine's distribution and its version in that environment.
     dist: str | None = None

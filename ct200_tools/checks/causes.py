@@ -212,18 +212,6 @@ CAUSES += (
         "another process holds the server's port: it is what answers",
         _servers("server.generate", server.port_taken),
     ),
-    Cause(
-        "server.models",
-        "server.unit",
-        "the server answers but its unit is not active (still starting, or failing)",
-        _servers("server.models", server.unit_down),
-    ),
-    Cause(
-        "server.generate",
-        "server.unit",
-        "the server answers but its unit is not active (still starting, or failing)",
-        _servers("server.generate", server.unit_down),
-    ),
 )
 
 

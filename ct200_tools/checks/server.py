@@ -188,7 +188,7 @@ def _judge_engine(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
     "server.engine",
     "engine installed",
     "error",
-    needs=("servers", "serving"),
+    needs=("servers", "serving", "kernel"),
     needs_spec=True,
 )
 def check_engine(ctx: Context) -> Outcome:
@@ -251,7 +251,7 @@ def _judge_port_free(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
     "server.port_free",
     "port free for the server",
     "error",
-    needs=("servers", "serving"),
+    needs=("servers", "serving", "kernel"),
     needs_spec=True,
 )
 def check_port_free(ctx: Context) -> Outcome:
@@ -281,7 +281,7 @@ def _judge_quant(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
     shown = ", ".join(formats) or "no format"
     if e is None or not e.exists or e.error is not None or e.module_found is False:
         return _cannot(f"{s.model} is {shown}; the engine is not readable", "server.engine")
-    python = engines.engine_python(s)
+    python = e.python
     if python is None:
         return _cannot(f"{s.model} is {shown}; {e.path} is not a Python: no version to read")
     if e.compressed_tensors is None:
@@ -357,7 +357,7 @@ def _model_staged(ctx: Context, name: str) -> bool:
     "server.quant",
     "compressed-tensors reads the model's format",
     "error",
-    needs=("servers", "serving", "models"),
+    needs=("servers", "serving", "models", "kernel"),
     needs_spec=True,
 )
 def check_quant(ctx: Context) -> Outcome:
@@ -447,7 +447,7 @@ def _judge_unit(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
     "server.unit",
     "server unit active",
     "error",
-    needs=("servers", "serving"),
+    needs=("servers", "serving", "kernel"),
     needs_spec=True,
 )
 def check_unit(ctx: Context) -> Outcome:
@@ -486,7 +486,7 @@ def _judge_port(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
     "server.port",
     "server port answers",
     "error",
-    needs=("servers", "serving"),
+    needs=("servers", "serving", "kernel"),
     needs_spec=True,
 )
 def check_port(ctx: Context) -> Outcome:
@@ -538,7 +538,7 @@ def _judge_models(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
     "server.models",
     "server lists its served name",
     "error",
-    needs=("servers", "serving"),
+    needs=("servers", "serving", "kernel"),
     needs_spec=True,
 )
 def check_models(ctx: Context) -> Outcome:
@@ -571,7 +571,7 @@ def _judge_generate(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
     "server.generate",
     "server completes a token",
     "error",
-    needs=("servers", "serving"),
+    needs=("servers", "serving", "kernel"),
     needs_spec=True,
 )
 def check_generate(ctx: Context) -> Outcome:
@@ -661,7 +661,7 @@ def _by_environ(
     "server.gpus",
     "server on its GPUs",
     "error",
-    needs=("servers", "serving"),
+    needs=("servers", "serving", "kernel"),
     needs_spec=True,
 )
 def check_gpus(ctx: Context) -> Outcome:

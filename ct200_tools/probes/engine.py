@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from dataclasses import replace
 
 from ct200_tools import engines
 from ct200_tools.facts import EngineFacts, QuantFacts
@@ -81,7 +82,7 @@ def probe_engine(r: Reader, server: ServerSpec) -> EngineFacts:
     python = engines.engine_python(server)
     if not executable or python is None:
         return found
-    return _read_environment(r, found, r.path(resolved).as_posix())
+    return _read_environment(r, replace(found, python=resolved), r.path(resolved).as_posix())
 
 
 def _read_environment(r: Reader, found: EngineFacts, python: str) -> EngineFacts:
@@ -106,6 +107,7 @@ def _read_environment(r: Reader, found: EngineFacts, python: str) -> EngineFacts
         exists=True,
         executable=True,
         module=found.module,
+        python=found.python,
         module_found=_bool(data.get("module_found")),
         dist=found.dist,
         dist_version=_str(data.get("dist_version")),
@@ -115,15 +117,7 @@ def _read_environment(r: Reader, found: EngineFacts, python: str) -> EngineFacts
 
 
 def _with_error(found: EngineFacts, why: str) -> EngineFacts:
-    return EngineFacts(
-        found.path,
-        found.resolved,
-        found.exists,
-        found.executable,
-        found.module,
-        dist=found.dist,
-        error=why,
-    )
+    return replace(found, error=why)
 
 
 def _str(value: object) -> str | None:

@@ -30,6 +30,7 @@ from ct200_tools.facts import Facts, RemappedRows, StagedTreeFacts, loads
 from ct200_tools.report import Exit, exit_code, root_causes
 from ct200_tools.spec import SiteSpec, load_spec
 from tests.fixtures import derive_ct200
+from tests.unit import server_facts as sf
 
 FIX = Path(__file__).parents[1] / "fixtures"
 ROOT = Path(__file__).parents[2]
@@ -564,11 +565,68 @@ EXAMPLES: dict[str, tuple[Example, ...]] = {
             "ct200-ct-healthy", "ct200", "fail", _memory(memory_max=400 * 2**30), spec_edit=_kimi
         ),
     ),
+    # The llama-cpu recordings (tests/unit/server_facts.py says what each edit stands for).
+    "server.engine": (
+        Example("llama-cpu-serving", "llama-cpu", "pass"),
+        Example("llama-cpu-serving", "llama-cpu", "fail", sf.no_engine),
+        Example("llama-cpu-serving", "llama-cpu", "fail", sf.engine(exists=True, executable=False)),
+    ),
+    "server.port_free": (
+        Example("llama-cpu-stopped", "llama-cpu", "pass"),
+        Example("llama-cpu-serving", "llama-cpu", "pass", sf.own_port),
+        Example("llama-cpu-serving", "llama-cpu", "fail"),
+    ),
+    "server.quant": (
+        Example(
+            "llama-cpu-serving",
+            "llama-cpu",
+            "pass",
+            sf.chain(sf.nvfp4_model, sf.python_engine("0.18.0", "compressed-tensors==0.18.0")),
+        ),
+        Example(
+            "llama-cpu-serving",
+            "llama-cpu",
+            "fail",
+            sf.chain(sf.nvfp4_model, sf.python_engine("0.9.4")),
+        ),
+        Example(
+            "llama-cpu-serving",
+            "llama-cpu",
+            "fail",
+            sf.chain(sf.nvfp4_model, sf.python_engine("0.10.0", "compressed-tensors==0.18.0")),
+        ),
+    ),
+    "server.unit": (
+        Example("llama-cpu-serving", "llama-cpu", "pass", sf.with_unit("ok")),
+        Example("llama-cpu-stopped", "llama-cpu", "fail", sf.with_unit("fail")),
+        Example("llama-cpu-stopped", "llama-cpu", "fail", sf.with_unit("limit")),
+        Example("llama-cpu-stopped", "llama-cpu", "fail", sf.with_unit("none")),
+        Example("llama-cpu-stopped", "llama-cpu", "fail", sf.with_unit("dead")),
+        Example("llama-cpu-stopped", "llama-cpu", "warn", sf.with_unit("start")),
+    ),
+    "server.port": (
+        Example("llama-cpu-serving", "llama-cpu", "pass"),
+        Example("llama-cpu-stopped", "llama-cpu", "fail"),
+    ),
+    "server.models": (
+        Example("llama-cpu-serving", "llama-cpu", "pass"),
+        Example("llama-cpu-serving", "llama-cpu", "fail", sf.serves("other")),
+    ),
+    "server.generate": (
+        Example("llama-cpu-serving", "llama-cpu", "pass"),
+        Example("llama-cpu-serving", "llama-cpu", "fail", sf.generation_timed_out),
+    ),
+    "server.gpus": (
+        Example("llama-cpu-serving", "llama-cpu", "pass", sf.on_gpus("0")),
+        Example("llama-cpu-serving", "llama-cpu", "fail", sf.on_gpus("0,1")),
+        Example("llama-cpu-serving", "llama-cpu", "fail", sf.on_gpus(None)),
+    ),
 }
 SPECS = {
     "ct200": ROOT / "inventory" / "ct200",
     "h200": ROOT / "benchmarks" / "doctor" / "h200-site.yml",
     "h200x2": ROOT / "benchmarks" / "doctor" / "h200x2-site.yml",
+    "llama-cpu": sf.LLAMA_SPEC,
 }
 
 
@@ -629,6 +687,7 @@ def test_needs_hold_on_every_fixture() -> None:
     ]
     runs += [("h200-c195-denied", "h200"), ("h200-c195-denied", None)]
     runs += [("nodriver-vm", None), ("nodriver-vm", "ct200")]
+    runs += [(f"llama-cpu-{k}", "llama-cpu") for k in ("serving", "stopped")]
     for name, spec in runs:
         ctx = Context(facts(name), spec_named(spec) if spec else None)
         for c in CHECKS:
