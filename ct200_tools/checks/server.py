@@ -277,7 +277,7 @@ def _judge_quant(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
     if q.quant_method != "compressed-tensors":
         what = q.quant_method or "no quantization_config"
         return _cannot(f"{s.model} is not a compressed-tensors model ({what})")
-    formats = [x for x in (q.format, *q.group_formats) if x]
+    formats = list(dict.fromkeys(x for x in (q.format, *q.group_formats) if x))
     shown = ", ".join(formats) or "no format"
     if e is None or not e.exists or e.error is not None or e.module_found is False:
         return _cannot(f"{s.model} is {shown}; the engine is not readable", "server.engine")

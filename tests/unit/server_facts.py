@@ -192,7 +192,7 @@ def on_h200(f: Facts) -> Facts:
     grafted = ("kernel", "devices", "pci", "nvml", "cuda")
 
     def section(key: str) -> str:
-        return key.split(".")[0]
+        return key.split(".", maxsplit=1)[0]
 
     return dataclasses.replace(
         f,
