@@ -366,7 +366,9 @@ def check_quant(ctx: Context) -> Outcome:
     with importlib.metadata by the engine's own interpreter) reads the model's format and every
     config group's format, and meets the engine's own pin (its Requires-Dist). In the incident,
     Kimi K2.6's nvfp4-pack-quantized failed on an older compressed-tensors; module paths moved at
-    0.13 and 0.15, so a newer one than the engine was built with breaks it too. First release
+    0.13 (compressors.quantized_compressors.nvfp4_quantized became fp4_quantized) and 0.15
+    (compressors.quantized_compressors and config.format gone, compressors.nvfp4 and others
+    new), so a newer one than the engine was built with breaks it too. First release
     that reads each format (compressed-tensors' own releases: the wheels on PyPI, file
     src/compressed_tensors/config/base.py, CompressionFormat, and the compressors registered
     under compressed_tensors/compressors/; repository vllm-project/compressed-tensors, formerly

@@ -82,9 +82,7 @@ class Replay(Reader):
         self.answer = (returncode, stdout, stderr)
         self.argvs: list[list[str]] = []
 
-    def run(
-        self, argv: list[str], timeout_s: float, env: Mapping[str, str] | None = None
-    ) -> Ran:
+    def run(self, argv: list[str], timeout_s: float, env: Mapping[str, str] | None = None) -> Ran:
         self.argvs.append(argv)
         return Ran(*self.answer)
 
