@@ -74,7 +74,7 @@ def check_staged(ctx: Context) -> Outcome:
     (/var/lib/ct200/serving.json) when there is one, else the spec's enabled servers; a gate or
     `check --server NAME` judges that server's model and draft only. A partial tree with a
     running stage is a warning; a missing persistent copy says so, since staging never creates
-    one."""
+    one. A gate (a server about to start) fails on a model still being staged."""
     models = list(ctx.needed_models())
     if not models:
         return skipped("no serving server needs a model")
@@ -104,8 +104,21 @@ def check_staged(ctx: Context) -> Outcome:
             )
         return failed("; ".join(why for _, why in s.bad), remedy, *s.evidence)
     if s.running:
+        # A server about to start (its gate) cannot load a half-copied model: no-go, not a
+        # warning; a machine checked while it stages only warns.
+        starting = ctx.scope is not None and not ctx.scope.serving
         return failed(
-            f"staging in progress: {', '.join(s.running)}", None, *s.evidence, warn_only=True
+            f"staging in progress: {', '.join(s.running)}",
+            Remedy(
+                "wait for the stage to finish (the server's unit starts after its staging unit)",
+                "container",
+                "ct200-stage status --spec /etc/ct200/site.yml",
+                "staging",
+            )
+            if starting
+            else None,
+            *s.evidence,
+            warn_only=not starting,
         )
     if s.unknown:
         return skipped(f"cannot tell whether {', '.join(s.unknown)} is staged", *s.evidence)

@@ -256,3 +256,27 @@ def test_check_server_judges_one_server_from_a_snapshot() -> None:
     assert "taken by pid 19428 (llama-server)" in got["server.port_free"]["summary"]
     assert doc["root_causes"] == ["server.port_free"]
     assert r.returncode == Exit.FAILURES
+
+
+def test_a_model_still_staging_stops_the_gate_but_only_warns_a_check(ct200: SiteSpec) -> None:
+    """derived: the CT200 container after a reboot with a stage running (pid 4242) for every
+    model: a server about to start cannot load a half-copied model."""
+    from ct200_tools.facts import StagedTreeFacts  # noqa: PLC0415
+
+    f = facts("ct200-ct-incident")
+    assert f.models is not None
+    running = tuple(
+        dataclasses.replace(
+            m, staged_tree=StagedTreeFacts(m.staged_tree.path, partial=True, lock_pid=4242)
+        )
+        for m in f.models
+        if m.staged_tree is not None
+    )
+    f = dataclasses.replace(f, models=running)
+    check = [BY_ID["models.staged"]]
+    gate = run_checks(f, ct200, check, Scope.of(ct200, "qwen-tp4-ddtree", serving=False))[0]
+    seen = run_checks(f, ct200, check, Scope.of(ct200, "qwen-tp4-ddtree"))[0]
+    assert gate.status == "fail" and "pid 4242" in gate.summary
+    assert gate.remediation is not None
+    assert gate.remediation.command == "ct200-stage status --spec /etc/ct200/site.yml"
+    assert seen.status == "warn"
