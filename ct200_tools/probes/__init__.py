@@ -50,7 +50,8 @@ PROBES: tuple[Probe, ...] = (
     Probe("memory", lambda r, s: probe_memory(r)),
     Probe("models", lambda r, s: _probe_models(r, s.models if s else None)),
     Probe("serving", lambda r, s: probe_serving(r)),
-    Probe("servers", lambda r, s, scope: _probe_servers(r, s, scope), scoped=True),  # noqa: PLW0108 - reads like its neighbours
+    # A lambda, as its neighbours: _probe_servers is defined below.
+    Probe("servers", lambda r, s, scope: _probe_servers(r, s, scope), scoped=True),  # noqa: PLW0108
 )
 PROBE_NAMES = ("cuda", *(p.name for p in PROBES))
 
