@@ -42,6 +42,15 @@ causes. A check that itself raises is `error`
 Select with `--only ID` / `--skip ID` (an id or a prefix such as `dev`); a selection that
 leaves no check is a usage error (exit 2).
 
+`ct200-doctor check --server NAME` judges one server: the device nodes of its GPUs (cuInit runs
+with `CUDA_VISIBLE_DEVICES` set to them), its model and draft, its unit, port and engine; the
+checks about GPUs are left out for a server without GPUs. Without it the server checks judge the
+serving set (`/var/lib/ct200/serving.json`, else the spec's enabled servers).
+`ct200-doctor gate NAME`, each server unit's `ExecStartPre`, runs through the same checks what
+decides whether the server can start (driver, its GPUs' nodes and CUDA, `models.staged`,
+`server.engine`, `server.port_free`, `server.quant`): exit 0 go, 2 no-go with the root cause and
+its fix on the first and the last line (the journal's tail), 3 the doctor broke.
+
 | id | severity | needs spec | checks |
 |---|---|---|---|
 """

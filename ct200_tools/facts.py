@@ -267,6 +267,149 @@ class ModelFacts:
 
 
 @dataclass(frozen=True)
+class ServingFacts:
+    """The serving set: which servers run now (`/var/lib/ct200/serving.json`, written by the
+    switch). Absent, the spec's `enabled` flags decide."""
+
+    path: str
+    exists: bool = False
+    #: The servers it names; None when the file is absent or not a serving set (see error).
+    servers: tuple[str, ...] | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class UnitFacts:
+    """A server's systemd unit as `systemctl show` gives it."""
+
+    name: str
+    #: loaded, not-found, masked, ... (LoadState).
+    load_state: str | None = None
+    active_state: str | None = None
+    sub_state: str | None = None
+    #: success, exit-code, signal, timeout, start-limit-hit, ... (Result).
+    result: str | None = None
+    n_restarts: int | None = None
+    #: 0 when no main process runs.
+    main_pid: int | None = None
+    exec_main_status: int | None = None
+    #: The unit's cgroup below the cgroup root, e.g. /system.slice/ct200-server-x.service.
+    control_group: str | None = None
+
+
+@dataclass(frozen=True)
+class PortHolder:
+    """A socket listening on a server's port, and the process that holds it when readable."""
+
+    address: str
+    pid: int | None = None
+    #: /proc/PID/comm.
+    name: str | None = None
+    #: The systemd unit whose cgroup the process is in (from /proc/PID/cgroup).
+    unit: str | None = None
+    #: Why the holder is not known (other users' /proc/PID/fd need root).
+    why_unknown: str | None = None
+
+
+@dataclass(frozen=True)
+class HttpFacts:
+    """One request to a server: its status and what it answered, or why there was no answer."""
+
+    url: str
+    status: int | None = None
+    duration_s: float | None = None
+    #: No answer: refused, timed out after N s, reset, ...; or an answer that is not what the
+    #: API promises (not JSON, no choices).
+    error: str | None = None
+    #: GET /v1/models: the ids it lists.
+    served: tuple[str, ...] | None = None
+    #: POST /v1/completions: the tokens generated (usage.completion_tokens).
+    tokens: int | None = None
+    #: The start of a body that was not what the API promises, for the evidence.
+    body: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the unit would run: the interpreter (sglang, vllm) or argv[0] (command), and the
+    compressed-tensors version in the engine's own environment."""
+
+    #: The interpreter (sglang, vllm) or the command's argv[0] as the spec gives it.
+    path: str
+    #: argv[0] resolved on PATH when the spec gives a bare name; None when not found.
+    resolved: str | None = None
+    exists: bool = False
+    executable: bool = False
+    #: The module the interpreter must find (sglang, vllm); None for engine command.
+    module: str | None = None
+    #: The interpreter whose environment was read (the engine's, or a command that is a
+    #: Python); None: not a Python, so no compressed-tensors to read.
+    python: str | None = None
+    module_found: bool | None = None
+    #: The engine's distribution and its version in that environment.
+    dist: str | None = None
+    dist_version: str | None = None
+    #: compressed-tensors in that environment; None when not installed (or not read: error).
+    compressed_tensors: str | None = None
+    #: What the engine's distribution requires of compressed-tensors (its Requires-Dist).
+    ct_requirement: str | None = None
+    #: Why the engine's environment could not be read (the interpreter failed or timed out).
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class QuantFacts:
+    """A staged model's quantization_config (config.json), as far as compressed-tensors goes."""
+
+    config: str
+    #: False: the staged model has no config.json (not a Hugging Face checkpoint, e.g. a GGUF).
+    exists: bool = True
+    #: compressed-tensors, fp8, awq, ...; None: no quantization_config.
+    quant_method: str | None = None
+    #: The model's format (nvfp4-pack-quantized, mixed-precision, ...).
+    format: str | None = None
+    #: Each config group's own format (mixed-precision models), in order, without repeats.
+    group_formats: tuple[str, ...] = ()
+    #: compressed-tensors version that wrote it (quantization_config.version).
+    written_by: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ProcessGpuFacts:
+    """The GPUs a running server's processes use."""
+
+    #: The processes of the unit (its cgroup, else its main PID).
+    pids: tuple[int, ...] = ()
+    #: CUDA_VISIBLE_DEVICES of each process that could be read, by pid ("" set empty; None
+    #: unset).
+    visible: dict[str, str | None] = field(default_factory=dict)
+    #: The GPU indices NVML lists any of those pids on (nvmlDeviceGetComputeRunningProcesses);
+    #: None when NVML could not be asked.
+    nvml_gpus: tuple[int, ...] | None = None
+    #: Every pid NVML lists on any GPU, to tell "not using a GPU" from "another PID namespace".
+    nvml_pids: tuple[int, ...] = ()
+    why_no_nvml: str | None = None
+    why_no_environ: str | None = None
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    name: str
+    unit: UnitFacts | None = None
+    #: Sockets listening on the server's port; None when not read (see unreadable).
+    listeners: tuple[PortHolder, ...] | None = None
+    #: TCP connect to the port: None connected; else why not. Not tried: not in facts.
+    connect_error: str | None = None
+    connected: bool | None = None
+    models: HttpFacts | None = None
+    generation: HttpFacts | None = None
+    engine: EngineFacts | None = None
+    quant: QuantFacts | None = None
+    gpus: ProcessGpuFacts | None = None
+
+
+@dataclass(frozen=True)
 class ProbeRun:
     name: str
     duration_s: float
@@ -288,6 +431,8 @@ class Facts:
     cuda: CudaFacts | None = None
     memory: MemoryFacts | None = None
     models: tuple[ModelFacts, ...] | None = None
+    serving: ServingFacts | None = None
+    servers: tuple[ServerFacts, ...] | None = None
     probes: tuple[ProbeRun, ...] = ()
     #: "<probe>[.<what>]" -> why it could not be read. Checks turn these into skips, never failures.
     unreadable: dict[str, str] = field(default_factory=dict)
@@ -326,7 +471,12 @@ MAX_FACTS_BYTES = 64 * 2**20
 MAX_INT_DIGITS = 24
 #: The sections the probes fill. Null only where `unreadable` says why (the probe records it):
 #: a silent null would make every check of that section skip, and the run look clean.
-SECTIONS = ("kernel", "devices", "pci", "nvml", "cuda", "memory", "models")
+SECTIONS = ("kernel", "devices", "pci", "nvml", "cuda", "memory", "models", "serving", "servers")
+#: Sections added after schema version 1 was first written: a snapshot of an older doctor has
+#: no key for them, and loads says so in `unreadable` (its checks skip with that reason).
+LATER_SECTIONS = ("serving", "servers")
+#: Why a section in LATER_SECTIONS is absent from a snapshot.
+OLDER_SNAPSHOT = "not in this snapshot: it was taken by a doctor that did not read it"
 _CONVERT = "facts files are UTF-8, as `ct200-doctor snapshot` writes them"
 _BOMS = (
     (codecs.BOM_UTF32_LE, "UTF-32LE"),
@@ -433,6 +583,11 @@ def loads(text: str) -> Facts:
         facts: Facts = _build(Facts, data, "facts")
     except (TypeError, ValueError, KeyError, RecursionError) as exc:
         raise FactsFormatError(str(exc) or type(exc).__name__) from None
+    older = {
+        n: OLDER_SNAPSHOT for n in LATER_SECTIONS if n not in data and n not in facts.unreadable
+    }
+    if older:
+        facts = dataclasses.replace(facts, unreadable={**facts.unreadable, **older})
     for name in SECTIONS:
         if getattr(facts, name) is None and name not in facts.unreadable:
             state = "null" if name in data else "missing"

@@ -235,3 +235,38 @@ def render_prometheus(findings: Sequence[Finding], head: Header, code: int) -> s
         f"ct200_doctor_last_run_timestamp_seconds {int(time.time())}",
     ]
     return "\n".join(out) + "\n"
+
+
+def gate_verdict(findings: Sequence[Finding], server: str, code: int) -> str:
+    """The gate's verdict in one line, root cause and its fix first: what `systemctl status`
+    shows of the journal (its last lines) and what an operator reads first."""
+    if code == Exit.OK:
+        judged = [x.id for x in findings if x.status in ("pass", "warn")]
+        return f"ct200-doctor gate {server}: go ({', '.join(judged)})"
+    if code == Exit.DOCTOR_BROKE:
+        broken = [x.id for x in findings if x.status == "error"]
+        return f"ct200-doctor gate {server}: the doctor broke in {', '.join(broken)}: please report"
+    by_id = {x.id: x for x in findings}
+    roots = root_causes(findings)
+    if not roots:
+        return f"ct200-doctor gate {server}: no-go: nothing could be checked (reasons above)"
+    parts = []
+    for root in roots:
+        x = by_id.get(root)
+        if x is None:
+            parts.append(f"{root} fails (see `ct200-doctor check --only {root}`)")
+            continue
+        fix = ""
+        if x.remediation is not None:
+            r = x.remediation
+            cmd = (r.command or "").splitlines()
+            fix = f"; fix on {r.where}: " + (f"{cmd[0]}" if cmd else r.action)
+        parts.append(f"{root}: {x.summary}{fix}")
+    return f"ct200-doctor gate {server}: no-go: " + " | ".join(parts)
+
+
+def render_gate(findings: Sequence[Finding], head: Header, server: str, code: int) -> str:
+    """The verdict line, the doctor's text view (roots first, consequences under them), and
+    the verdict again as the last line (the journal's tail)."""
+    verdict = gate_verdict(findings, server, code)
+    return f"{verdict}\n{render_text(findings, head)}{verdict}\n"

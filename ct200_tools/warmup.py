@@ -40,24 +40,33 @@ print(json.dumps(out))
 _prestarted: tuple[subprocess.Popen[bytes], float] | None = None
 
 
-def spawn_cuda_child() -> tuple[subprocess.Popen[bytes], float]:
-    """The child and its start time (the probe's timeout counts from here)."""
+def spawn_cuda_child(visible: str | None = None) -> tuple[subprocess.Popen[bytes], float]:
+    """The child and its start time (the probe's timeout counts from here). `visible`, when
+    given, is its CUDA_VISIBLE_DEVICES: a gate initialises CUDA on its server's GPUs only."""
     started = time.monotonic()
+    env = os.environ.copy()
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
     proc = subprocess.Popen(
         [sys.executable, "-I", "-S", "-c", CUDA_CHILD],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=os.environ.copy(),
+        env=env,
     )
     return proc, started
 
 
-def take_cuda_child() -> tuple[subprocess.Popen[bytes], float]:
-    """The prestarted child if there is one (once), else a new one."""
+def take_cuda_child(visible: str | None = None) -> tuple[subprocess.Popen[bytes], float]:
+    """The prestarted child if there is one (once) and it sees the GPUs asked for, else a new
+    one (a prestarted child that sees every GPU is ended: a scoped run cannot use it)."""
     global _prestarted
     got, _prestarted = _prestarted, None
-    return got or spawn_cuda_child()
+    if got is not None and visible is not None:
+        got[0].kill()
+        got[0].communicate()
+        got = None
+    return got or spawn_cuda_child(visible)
 
 
 def _nvml_init() -> None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from ct200_tools.checks import dev, driver, gpu, host, mem, models, topo, tune
+from ct200_tools.checks import dev, driver, gpu, host, mem, models, server, topo, tune
 from ct200_tools.checks.base import Check, Context, Finding, run_check
-from ct200_tools.checks.causes import rules_for
+from ct200_tools.checks.causes import CAUSES, rules_for
 from ct200_tools.facts import Facts
+from ct200_tools.scope import Scope
 from ct200_tools.spec import SiteSpec
 
 CHECKS: tuple[Check, ...] = (
@@ -40,6 +41,14 @@ CHECKS: tuple[Check, ...] = (
     mem.check_shm,
     models.check_staged,
     mem.check_headroom,
+    server.check_engine,
+    server.check_port_free,
+    server.check_quant,
+    server.check_unit,
+    server.check_port,
+    server.check_models,
+    server.check_generate,
+    server.check_gpus,
 )
 
 CHECK_IDS = tuple(c.id for c in CHECKS)
@@ -76,12 +85,55 @@ def select(only: Iterable[str] = (), skip: Iterable[str] = ()) -> tuple[Check, .
     return chosen
 
 
+#: What a server's start gate (`ct200-doctor gate NAME`, the unit's ExecStartPre) runs: can
+#: this server start? The driver, its GPUs' device nodes and CUDA on them, its model and draft
+#: staged, its engine installed and able to read the model's format, its port free. Checks about
+#: GPUs are left out for a server without GPUs (Scope.applies).
+GATE: tuple[str, ...] = (
+    "driver",
+    "dev",
+    "gpu.cuda_init",
+    "models.staged",
+    "server.engine",
+    "server.port_free",
+    "server.quant",
+)
+
+
+def for_scope(checks: Iterable[Check], scope: Scope | None) -> tuple[Check, ...]:
+    """The checks that apply to the scope's server (all of them without a scope)."""
+    return tuple(c for c in checks if scope is None or scope.applies(c.about))
+
+
+def gate_checks(scope: Scope) -> tuple[Check, ...]:
+    return for_scope(select(GATE), scope)
+
+
+def needed_facts(checks: Iterable[Check]) -> set[str]:
+    """The Facts sections these checks read, and those of every root cause that may explain
+    them (run_checks judges the roots too): what a scoped run needs to probe."""
+    need: set[str] = set()
+    todo = [c.id for c in checks]
+    seen: set[str] = set()
+    while todo:
+        cid = todo.pop()
+        if cid in seen:
+            continue
+        seen.add(cid)
+        need.update(BY_ID[cid].needs)
+        todo.extend(r.root for r in CAUSES if r.effect == cid)
+    return need
+
+
 def _matches(check_id: str, name: str) -> bool:
     return check_id == name or check_id.startswith(name.rstrip(".") + ".")
 
 
 def run_checks(
-    facts: Facts, spec: SiteSpec | None, checks: Iterable[Check] = CHECKS
+    facts: Facts,
+    spec: SiteSpec | None,
+    checks: Iterable[Check] = CHECKS,
+    scope: Scope | None = None,
 ) -> list[Finding]:
     """Judge `checks` in order and link each finding to its root cause.
 
@@ -91,7 +143,7 @@ def run_checks(
     chain, or is dropped when no check in the chain fails (then the skip is only a skip).
     Roots are judged here even when they were not selected."""
     checks = tuple(checks)
-    ctx = Context(facts, spec)
+    ctx = Context(facts, spec, scope)
     units = {**BY_ID, **{c.id: c for c in checks}}
     judged: dict[str, Finding] = {}
     linked: dict[str, Finding] = {}

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Literal
 
 from ct200_tools.facts import Facts
-from ct200_tools.spec import SiteSpec
+from ct200_tools.scope import About, Scope
+from ct200_tools.spec import ModelSpec, ServerSpec, SiteSpec
 
 Status = Literal["pass", "warn", "fail", "skip", "error"]
 #: Every status, in the order reports count them.
@@ -24,7 +25,19 @@ STATUSES: tuple[Status, ...] = ("pass", "warn", "fail", "skip", "error")
 Severity = Literal["error", "warning"]
 Where = Literal["host", "container", "this machine"]
 #: The Facts sections a check may read (the probes' names).
-FactName = Literal["kernel", "devices", "pci", "nvml", "cuda", "memory", "models"]
+FactName = Literal[
+    "kernel", "devices", "pci", "nvml", "cuda", "memory", "models", "serving", "servers"
+]
+#: A check's `about` when its unit does not say: by id prefix; other prefixes judge the
+#: machine as a whole (sysctls, /dev/shm).
+ABOUT_BY_PREFIX: dict[str, tuple[About, ...]] = {
+    "driver": ("gpus",),
+    "dev": ("gpus",),
+    "gpu": ("gpus",),
+    "topo": ("gpus",),
+    "models": ("models",),
+    "server": ("servers",),
+}
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,8 @@ def skipped(summary: str, *evidence: str, caused_by: str | None = None) -> Outco
 class Context:
     facts: Facts
     spec: SiteSpec | None
+    #: Judge only what one server uses; None: the whole machine and every serving server.
+    scope: Scope | None = None
 
     @property
     def in_container(self) -> bool:
@@ -111,6 +126,26 @@ class Context:
     def unreadable(self, *keys: str) -> str | None:
         return self.facts.why_unreadable(*keys)
 
+    def serving_servers(self) -> tuple[ServerSpec, ...]:
+        """The servers the checks judge: the scope's server; else the serving set when one is
+        recorded (the switch writes it), else the spec's enabled servers."""
+        site = self.site
+        if self.scope is not None:
+            return tuple(s for s in site.servers if s.name == self.scope.server)
+        serving = self.facts.serving
+        if serving is not None and serving.servers is not None:
+            names = set(serving.servers)
+            return tuple(s for s in site.servers if s.name in names)
+        return site.enabled_servers
+
+    def needed_models(self) -> tuple[ModelSpec, ...]:
+        """The models the judged servers load (SiteSpec.needed_models' rule: each one's model
+        and the declared models whose staged path is its draft_model), in spec order."""
+        servers = self.serving_servers()
+        names = {s.model for s in servers}
+        drafts = {s.speculative.draft_model for s in servers if s.speculative}
+        return tuple(m for m in self.site.models if m.name in names or m.staged in drafts)
+
 
 CheckFn = Callable[[Context], Outcome]
 
@@ -128,6 +163,8 @@ class Check:
     needs_spec: bool = False
     #: The playbook tags its remediations may name.
     tags: tuple[str, ...] = ()
+    #: What it judges (see About); a Scope drops the checks that do not apply to its server.
+    about: tuple[About, ...] = ()
 
     @property
     def module(self) -> str:
@@ -145,14 +182,17 @@ def check(
     needs: tuple[FactName, ...],
     needs_spec: bool = False,
     tags: tuple[str, ...] = (),
+    about: tuple[About, ...] | None = None,
 ) -> Callable[[CheckFn], Check]:
-    """Make the decorated function a check unit; its docstring is the check's doc."""
+    """Make the decorated function a check unit; its docstring is the check's doc. `about`
+    defaults to its id prefix's (ABOUT_BY_PREFIX)."""
 
     def unit(fn: CheckFn) -> Check:
         doc = " ".join((fn.__doc__ or "").split())
         if not doc:
             raise TypeError(f"check {id}: {fn.__name__} needs a docstring (it is the check's doc)")
-        return Check(id, title, severity, fn, doc, needs, needs_spec, tags)
+        what = about if about is not None else ABOUT_BY_PREFIX.get(id.partition(".")[0], ())
+        return Check(id, title, severity, fn, doc, needs, needs_spec, tags, what)
 
     return unit
 

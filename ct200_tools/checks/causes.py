@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ct200_tools.checks import dev
+from ct200_tools.checks import dev, server
 from ct200_tools.checks.base import Context
 
 
@@ -158,6 +158,59 @@ CAUSES: tuple[Cause, ...] = (
         "driver.versions",
         "cuInit returned an error and the userspace driver is not the kernel module's version",
         _both(_cuda_returned_error, _versions_differ),
+    ),
+)
+
+
+def _servers(effect: str, cond: Callable[..., bool]) -> Callable[[Context], bool]:
+    """Every server failing `effect` meets `cond` (conditions per server, checks/server.py)."""
+    return server.all_failing(server.JUDGES[effect], cond)
+
+
+_GATE = server.gate_failed
+CAUSES += (
+    Cause(
+        "server.unit",
+        "gpu.cuda_init",
+        "the unit failed to start, its server has GPUs, and CUDA does not initialise (its "
+        "start gate stops it)",
+        _servers("server.unit", server.both(_GATE, server.has_gpus)),
+    ),
+    Cause(
+        "server.unit",
+        "models.staged",
+        "the unit failed to start and its model or draft is not staged",
+        _servers("server.unit", server.both(_GATE, server.model_not_staged)),
+    ),
+    Cause(
+        "server.unit",
+        "server.engine",
+        "the unit failed to start and the program it runs is missing",
+        _servers("server.unit", server.both(_GATE, server.engine_bad)),
+    ),
+    Cause(
+        "server.unit",
+        "server.port_free",
+        "the unit failed to start and another process holds its port",
+        _servers("server.unit", server.both(_GATE, server.port_taken)),
+    ),
+    Cause(
+        "server.port",
+        "server.unit",
+        "the port does not answer and the server's unit is not active",
+        _servers("server.port", server.unit_down),
+    ),
+    Cause(
+        "server.models",
+        "server.port_free",
+        "another process holds the server's port: it is what answers",
+        _servers("server.models", server.port_taken),
+    ),
+    Cause(
+        "server.generate",
+        "server.port_free",
+        "another process holds the server's port: it is what answers",
+        _servers("server.generate", server.port_taken),
     ),
 )
 

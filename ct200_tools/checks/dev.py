@@ -54,11 +54,23 @@ def expected_gpu_count(ctx: Context) -> int | None:
 
 
 def expected_nodes(ctx: Context) -> list[str]:
+    """Every node the machine's GPUs need (what the container config passes through)."""
     n = expected_gpu_count(ctx)
     gpus = [f"/dev/nvidia{i}" for i in range(n)] if n else []
     if n is None and ctx.facts.devices:
         gpus = [d.path for d in ctx.facts.devices.nodes if _GPU_NODE.match(d.path) and d.exists]
     return [*CORE, *gpus]
+
+
+def in_scope(ctx: Context, path: str) -> bool:
+    """A run scoped to one server judges the core nodes and its own GPUs' nodes only."""
+    m = _GPU_NODE.match(path)
+    return ctx.scope is None or m is None or int(m.group(1)) in ctx.scope.gpus
+
+
+def checked_nodes(ctx: Context) -> list[str]:
+    """The nodes this run judges: expected_nodes, within the scope's GPUs."""
+    return [p for p in expected_nodes(ctx) if in_scope(ctx, p)]
 
 
 @dataclass(frozen=True)
@@ -109,7 +121,7 @@ def problems(ctx: Context, paths: list[str] | None = None) -> list[NodeProblem]:
     if dev is None:
         return []
     out = []
-    for p in paths if paths is not None else expected_nodes(ctx):
+    for p in paths if paths is not None else checked_nodes(ctx):
         pr = node_problem(dev.node(p), p, dev.majors)
         if pr is not None:
             out.append(pr)
@@ -298,7 +310,7 @@ def check_nodes_present(ctx: Context) -> Outcome:
         return skipped(
             "the NVIDIA kernel module is not loaded (see driver.module)", caused_by="driver.module"
         )
-    want = expected_nodes(ctx)
+    want = checked_nodes(ctx)
     missing = [pr for pr in problems(ctx, want) if pr.kind in ("missing", "not_char")]
     if not missing:
         return passed(f"{plural(len(want), 'device node')} present", *want)
@@ -344,7 +356,7 @@ def check_node_majors(ctx: Context) -> Outcome:
         return skipped(
             "no NVIDIA driver in /proc/devices (see driver.module)", caused_by="driver.module"
         )
-    present = [n.path for n in dev.nodes if n.exists and n.is_char]
+    present = [n.path for n in dev.nodes if n.exists and n.is_char and in_scope(ctx, n.path)]
     wrong = [pr for pr in problems(ctx, present) if pr.kind == "wrong_major"]
     if "nvidia-uvm" not in dev.majors:
         return failed(
@@ -383,7 +395,7 @@ def check_nodes_open(ctx: Context) -> Outcome:
     if dev is None:
         return skipped("device nodes not read", ctx.unreadable("devices") or "")
     present = [
-        p for p in expected_nodes(ctx) if (n := dev.node(p)) is not None and n.exists and n.is_char
+        p for p in checked_nodes(ctx) if (n := dev.node(p)) is not None and n.exists and n.is_char
     ]
     if not present:
         return skipped("no NVIDIA device nodes to open (see dev.nodes)", caused_by="dev.nodes")

@@ -63,18 +63,21 @@ def _sort(models: list[ModelSpec], found: dict[str, ModelFacts]) -> _Sorted:
     "models.staged",
     "models staged and intact",
     "error",
-    needs=("models",),
+    needs=("models", "serving"),
     needs_spec=True,
     tags=("staging",),
 )
 def check_staged(ctx: Context) -> Outcome:
-    """Every model an enabled server serves (and its declared draft model) is staged by
+    """Every model a serving server serves (and its declared draft model) is staged by
     ct200-stage: a marker naming the manifest, every file at its size, and with --deep every
-    chunk re-hashed. A partial tree with a running stage is a warning; a missing persistent copy
-    says so, since staging never creates one."""
-    models = list(ctx.site.needed_models())
+    chunk re-hashed. The serving servers are those of the serving set
+    (/var/lib/ct200/serving.json) when there is one, else the spec's enabled servers; a gate or
+    `check --server NAME` judges that server's model and draft only. A partial tree with a
+    running stage is a warning; a missing persistent copy says so, since staging never creates
+    one. A gate (a server about to start) fails on a model still being staged."""
+    models = list(ctx.needed_models())
     if not models:
-        return skipped("no enabled server needs a model")
+        return skipped("no serving server needs a model")
     if ctx.facts.models is None:
         why = ctx.facts.unreadable.get("models")
         return skipped(f"models not probed: {why}" if why else "models not probed")
@@ -101,8 +104,21 @@ def check_staged(ctx: Context) -> Outcome:
             )
         return failed("; ".join(why for _, why in s.bad), remedy, *s.evidence)
     if s.running:
+        # A server about to start (its gate) cannot load a half-copied model: no-go, not a
+        # warning; a machine checked while it stages only warns.
+        starting = ctx.scope is not None and not ctx.scope.serving
         return failed(
-            f"staging in progress: {', '.join(s.running)}", None, *s.evidence, warn_only=True
+            f"staging in progress: {', '.join(s.running)}",
+            Remedy(
+                "wait for the stage to finish (the server's unit starts after its staging unit)",
+                "container",
+                "ct200-stage status --spec /etc/ct200/site.yml",
+                "staging",
+            )
+            if starting
+            else None,
+            *s.evidence,
+            warn_only=not starting,
         )
     if s.unknown:
         return skipped(f"cannot tell whether {', '.join(s.unknown)} is staged", *s.evidence)

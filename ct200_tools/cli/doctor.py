@@ -14,7 +14,13 @@ from typing import NoReturn
 import click
 
 from ct200_tools import __version__
-from ct200_tools.checks import CHECKS, SelectionError, run_checks, select
+from ct200_tools.checks import (
+    CHECKS,
+    SelectionError,
+    for_scope,
+    run_checks,
+    select,
+)
 from ct200_tools.checks.base import plural
 from ct200_tools.cli.options import spec_option
 from ct200_tools.facts import Facts, FactsFormatError
@@ -23,10 +29,12 @@ from ct200_tools.report import (
     Exit,
     Header,
     exit_code,
+    render_gate,
     render_json,
     render_prometheus,
     render_text,
 )
+from ct200_tools.scope import Scope, UnknownServerError
 from ct200_tools.spec import SiteSpec, SpecError, find_spec, load_spec
 
 EPILOG = """\b
@@ -38,6 +46,8 @@ Examples:
   ct200-doctor snapshot > facts.json       on the sick machine; then anywhere:
   ct200-doctor check --facts facts.json --spec site.yml
   ct200-doctor validate inventory/ct200
+  ct200-doctor check --server qwen-tp4-ddtree   one server: its GPUs, models, unit, port
+  ct200-doctor gate qwen-tp4-ddtree        can it start? (its unit's ExecStartPre)
 
 \b
 Exit codes: 0 clean, 1 warnings (with --strict), 2 failures (a failed check, a check
@@ -45,6 +55,12 @@ blocked by a failing one, or nothing checked at all) or bad input, 3 the doctor 
 check raised: status "error").
 """
 
+
+GATE_EPILOG = """\b
+Examples:
+  ct200-doctor gate qwen-tp4-ddtree                 (ExecStartPre of ct200-server-qwen-tp4-ddtree)
+  ct200-doctor gate kimi-tp8 --spec inventory/ct200
+"""
 
 QUICK_TIMEOUT_S = 10.0
 DEEP_TIMEOUT_S = 3600.0
@@ -176,6 +192,12 @@ def cli() -> None:
 )
 @click.option("--only", multiple=True, metavar="ID", help="Run only these checks (id or prefix).")
 @click.option("--skip", multiple=True, metavar="ID", help="Skip these checks (id or prefix).")
+@click.option(
+    "--server",
+    metavar="NAME",
+    help="Judge one server: its GPUs, model and draft, unit and port; checks about GPUs are "
+    "left out for a server without GPUs. Needs the spec.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Show evidence for every check.")
 @click.option("--strict", is_flag=True, help="Exit 1 when there are warnings.")
 @click.option(
@@ -199,6 +221,7 @@ def check(
     textfile: Path | None,
     only: tuple[str, ...],
     skip: tuple[str, ...],
+    server: str | None,
     verbose: bool,
     strict: bool,
     deep: bool,
@@ -223,8 +246,16 @@ def check(
     if textfile is not None:
         _check_textfile(textfile)
     spec, source = _load_spec(spec_path)
-    facts = _read_facts(facts_path) if facts_path else _probe(spec, timeout, deep)
-    findings = run_checks(facts, spec, selected)
+    scope = _scope(spec, server) if server is not None else None
+    if scope is not None:
+        selected = for_scope(selected, scope)
+        if not selected:
+            raise DoctorError(
+                f"server {server} has no GPUs, and the checks selected are all about GPUs: "
+                "nothing to check"
+            )
+    facts = _read_facts(facts_path) if facts_path else _probe(spec, timeout, deep, scope)
+    findings = run_checks(facts, spec, selected, scope)
     code = exit_code(findings, strict)
     head = Header(facts, source, tuple(str(w) for w in spec.warnings) if spec else ())
     if textfile is not None:
@@ -235,6 +266,47 @@ def check(
         _emit(render_prometheus(findings, head, code))
     else:
         _emit(render_text(findings, head, verbose, color=bool(sys.stdout and sys.stdout.isatty())))
+    _exit(code)
+
+
+def _scope(spec: SiteSpec | None, name: str) -> Scope:
+    if spec is None:
+        raise DoctorError(f"server {name}: the servers are in the site spec; pass --spec PATH")
+    try:
+        return Scope.of(spec, name)
+    except UnknownServerError as exc:
+        raise DoctorError(str(exc)) from None
+
+
+@cli.command(cls=OnceCommand, epilog=GATE_EPILOG)
+@click.argument("name", metavar="NAME")
+@spec_option
+@click.option(
+    "--timeout",
+    type=float,
+    callback=_seconds,
+    help=f"Seconds each probe (and cuInit) may take [default: {QUICK_TIMEOUT_S:g}].",
+)
+def gate(name: str, spec_path: str | None, timeout: float | None) -> None:
+    """Can server NAME start? Its unit's ExecStartPre: exit 0 go, 2 no-go, 3 the doctor broke.
+
+    Runs, through the same checks as `check`, what decides whether the server can start:
+    device nodes and CUDA on its GPUs only (cuInit with CUDA_VISIBLE_DEVICES set to them), its
+    model and draft staged, its engine installed and reading the model's format, its port free
+    (or held by its own unit). A server without GPUs gets the checks that apply to it. Prints the
+    verdict with the root cause and its fix first and last (the journal's tail)."""
+    from ct200_tools.gate import run_gate  # noqa: PLC0415
+
+    spec, source = _load_spec(spec_path)
+    if spec is None:
+        raise DoctorError(f"gate {name}: the servers are in the site spec; pass --spec PATH")
+    try:
+        result = run_gate(spec, name, timeout if timeout is not None else QUICK_TIMEOUT_S)
+    except UnknownServerError as exc:
+        raise DoctorError(f"gate: {exc}") from None
+    findings, code = list(result.findings), result.code
+    head = Header(result.facts, source, tuple(str(w) for w in spec.warnings))
+    _emit(render_gate(findings, head, name, code))
     _exit(code)
 
 
@@ -300,12 +372,18 @@ def list_checks(as_json: bool) -> None:
     _emit("".join(f"{c.id:<{width}}  {c.severity:<7}  {c.title}\n" for c in CHECKS))
 
 
-def _probe(spec: SiteSpec | None, timeout: float | None, deep: bool = False) -> Facts:
+def _probe(
+    spec: SiteSpec | None,
+    timeout: float | None,
+    deep: bool = False,
+    scope: Scope | None = None,
+    only: set[str] | None = None,
+) -> Facts:
     from ct200_tools.probes import collect  # noqa: PLC0415
 
     if timeout is None:
         timeout = DEEP_TIMEOUT_S if deep else QUICK_TIMEOUT_S
-    return collect(spec=spec, timeout_s=timeout, deep=deep)
+    return collect(spec=spec, timeout_s=timeout, deep=deep, scope=scope, only=only)
 
 
 def _read_facts(path: Path) -> Facts:

@@ -10,7 +10,7 @@ import datetime as dt
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,8 @@ from ct200_tools.probes.kernel import probe_kernel
 from ct200_tools.probes.memory import probe_memory
 from ct200_tools.probes.nvml import probe_nvml
 from ct200_tools.probes.pci import probe_pci
+from ct200_tools.probes.serving import probe_serving
+from ct200_tools.scope import Scope
 from ct200_tools.spec import ModelSpec, SiteSpec
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -31,10 +33,12 @@ DEFAULT_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True)
 class Probe:
-    """A named reader of one Facts field."""
+    """A named reader of one Facts field. A scoped probe also gets the run's Scope (None when
+    the run is about the whole machine)."""
 
     name: str
-    run: Callable[[Reader, SiteSpec | None], Any]
+    run: Callable[..., Any]
+    scoped: bool = False
 
 
 #: In registry order; the Facts field has the probe's name.
@@ -45,6 +49,9 @@ PROBES: tuple[Probe, ...] = (
     Probe("nvml", lambda r, s: probe_nvml(r)),
     Probe("memory", lambda r, s: probe_memory(r)),
     Probe("models", lambda r, s: _probe_models(r, s.models if s else None)),
+    Probe("serving", lambda r, s: probe_serving(r)),
+    # A lambda, as its neighbours: _probe_servers is defined below.
+    Probe("servers", lambda r, s, scope: _probe_servers(r, s, scope), scoped=True),  # noqa: PLW0108
 )
 PROBE_NAMES = ("cuda", *(p.name for p in PROBES))
 
@@ -66,11 +73,32 @@ def _probe_models(r: Reader, models: tuple[ModelSpec, ...] | None) -> tuple[Mode
     return probe_models(r, models)
 
 
+#: Why a snapshot has no servers without a spec, or with one that declares none.
+NO_SPEC_SERVERS = "no site spec when the facts were read, so no server was looked at"
+
+
+def _probe_servers(r: Reader, spec: SiteSpec | None, scope: Scope | None) -> Any:
+    if spec is None:
+        r.note("servers", NO_SPEC_SERVERS)
+        return None
+    # Imported here: HTTP and the engine probe are needed only when the spec has servers.
+    from ct200_tools.probes.servers import probe_servers  # noqa: PLC0415
+
+    only, live = (scope.server, scope.serving) if scope else (None, True)
+    return probe_servers(r, spec, probe_serving(r), only, live)
+
+
+#: Why a probe the selected checks do not need has nothing in the facts.
+NOT_NEEDED = "not probed: no selected check reads it"
+
+
 class _Runner(threading.Thread):
-    def __init__(self, probe: Probe, reader: Reader, spec: SiteSpec | None) -> None:
+    def __init__(
+        self, probe: Probe, reader: Reader, spec: SiteSpec | None, scope: Scope | None = None
+    ) -> None:
         # Daemon: a probe stuck in a driver call must not keep the doctor from exiting.
         super().__init__(name=f"probe-{probe.name}", daemon=True)
-        self.probe, self.reader, self.spec = probe, reader, spec
+        self.probe, self.reader, self.spec, self.scope = probe, reader, spec, scope
         self.value: Any = None
         self.error: str | None = None
         self.duration = 0.0
@@ -78,7 +106,8 @@ class _Runner(threading.Thread):
     def run(self) -> None:
         t0 = time.monotonic()
         try:
-            self.value = self.probe.run(self.reader, self.spec)
+            extra = (self.scope,) if self.probe.scoped else ()
+            self.value = self.probe.run(self.reader, self.spec, *extra)
         except Exception as exc:  # noqa: BLE001 - a probe bug becomes a recorded fact, not a crash
             self.error = f"{type(exc).__name__}: {exc}"
         self.duration = time.monotonic() - t0
@@ -91,12 +120,21 @@ def collect(
     reader: Reader | None = None,
     cuda: bool = True,
     deep: bool = False,
+    scope: Scope | None = None,
+    only: Collection[str] | None = None,
 ) -> Facts:
-    """Run every probe in parallel; a probe past its deadline is recorded as timed out."""
+    """Run every probe (or those named in `only`) in parallel; a probe past its deadline is
+    recorded as timed out. With a scope, cuInit sees only the scope's GPUs and the servers probe
+    reads only its server."""
     r = reader or Reader(root=root or Path("/"), deep=deep)
     t0 = time.monotonic()
-    child = CudaChild(timeout_s) if cuda else None
-    runners = [_Runner(p, r, spec) for p in PROBES]
+    cuda = cuda and (only is None or "cuda" in only)
+    visible = scope.cuda_visible_devices if scope is not None else None
+    child = CudaChild(timeout_s, visible) if cuda else None
+    for p in PROBES:
+        if only is not None and p.name not in only:
+            r.note(p.name, NOT_NEEDED)
+    runners = [_Runner(p, r, spec, scope) for p in PROBES if only is None or p.name in only]
     for t in runners:
         t.start()
     deadline = t0 + timeout_s
@@ -116,7 +154,8 @@ def collect(
             fields[name] = t.value
             runs.append(ProbeRun(name, round(t.duration, 3)))
     if child is None:
-        r.note("cuda", "cuInit not probed (collect(cuda=False))")
+        why = NOT_NEEDED if only is not None else "cuInit not probed (collect(cuda=False))"
+        r.note("cuda", why)
     else:
         try:
             facts_cuda = child.result()

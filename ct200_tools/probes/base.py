@@ -8,11 +8,20 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import http.client
 import io
 import os
+import socket
 import stat
+import subprocess
+import time
+import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+#: The most a probe reads of an HTTP answer: /v1/models and a 1-token completion are small.
+HTTP_LIMIT = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -21,6 +30,19 @@ class NodeStat:
     major: int
     minor: int
     mode: int
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A finished command: its exit status and output (decoded, errors replaced)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class RunTimeout(OSError):
+    """A command or request that did not finish within its deadline (it was killed)."""
 
 
 @dataclass
@@ -123,6 +145,63 @@ class Reader:
             if value:
                 return value
         return None
+
+    def readlink(self, p: str) -> str:
+        return os.readlink(self.path(p))
+
+    def run(self, argv: list[str], timeout_s: float, env: Mapping[str, str] | None = None) -> Ran:
+        """Run a command (an argv list, no shell) with its stdin closed, killed past timeout_s.
+        OSError when it cannot start (FileNotFoundError: no such program); RunTimeout when it
+        was killed."""
+        try:
+            done = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=timeout_s,
+                env=dict(env) if env is not None else None,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise RunTimeout(f"{argv[0]} did not finish within {timeout_s:g} s") from None
+        return Ran(
+            done.returncode,
+            done.stdout.decode(errors="replace"),
+            done.stderr.decode(errors="replace"),
+        )
+
+    def connect(self, host: str, port: int, timeout_s: float) -> None:
+        """Open and close a TCP connection; OSError (ConnectionRefusedError, TimeoutError...)
+        when it cannot be made."""
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+
+    def request(
+        self, method: str, url: str, body: bytes | None, timeout_s: float
+    ) -> tuple[int, bytes]:
+        """One HTTP request: the status and up to HTTP_LIMIT bytes of the body, all within
+        timeout_s (a server that trickles bytes is cut off too). OSError when there is no
+        answer (RunTimeout past the deadline)."""
+        parts = urllib.parse.urlsplit(url)
+        deadline = time.monotonic() + timeout_s
+        conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout_s)
+        try:
+            headers = {"Content-Type": "application/json"} if body is not None else {}
+            conn.request(method, parts.path or "/", body=body, headers=headers)
+            resp = conn.getresponse()
+            data = bytearray()
+            while len(data) < HTTP_LIMIT:
+                if time.monotonic() > deadline:
+                    raise RunTimeout(f"no complete answer within {timeout_s:g} s")
+                chunk = resp.read1(65536)
+                if not chunk:
+                    break
+                data += chunk
+            return resp.status, bytes(data[:HTTP_LIMIT])
+        except (http.client.HTTPException, ValueError) as exc:
+            raise OSError(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            conn.close()
 
     def note(self, key: str, why: str) -> None:
         self.unreadable.setdefault(key, why)

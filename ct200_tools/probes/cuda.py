@@ -30,9 +30,10 @@ CU_NAMES = {
 class CudaChild:
     """Started first, joined last: the slowest probe runs alongside all the others."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, visible: str | None = None) -> None:
         self.timeout_s = timeout_s
-        self.proc, self.started = take_cuda_child()
+        # visible: CUDA_VISIBLE_DEVICES for the child (a run scoped to one server's GPUs).
+        self.proc, self.started = take_cuda_child(visible)
 
     def result(self) -> CudaFacts:
         remaining = max(0.0, self.timeout_s - (time.monotonic() - self.started))

@@ -81,6 +81,32 @@ def test_stage_benchmark(tmp_path: Path, shm_dst: Path) -> None:
     assert not shm_dst.exists(), "the benchmark left its destination behind"
 
 
+def test_gate_benchmark(tmp_path: Path) -> None:
+    """benchmarks/gate/run.py: the start gate against the whole doctor (and the cuInit floor on
+    a GPU machine; with llama-server built, the server's own start), one round. No GPU here: the
+    gate says no-go, which is a verdict, timed like a go; it fails only if the doctor broke."""
+    from testbed import llama_build  # noqa: PLC0415
+
+    llama = llama_build.cached()
+    argv = [sys.executable, "benchmarks/gate/run.py", "--gpus", "0", "--runs", "1"]
+    argv += ["--out", str(tmp_path)]
+    if llama is not None:
+        argv += ["--llama", str(llama)]
+    proc = run(argv, env={"PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "gate.json").read_text())
+    rows = {r["command"]: r for r in report["rows"]}
+    assert rows["ct200-doctor gate"]["median_s"] > 0 and rows["ct200-doctor gate"]["vs_gate"] == 1
+    assert rows["ct200-doctor check"]["median_s"] > 0
+    assert set(report["exit_codes"]["ct200-doctor gate"]) <= {0, 2}
+    assert report["gate_verdict"].startswith("ct200-doctor gate bench: ")
+    assert ("server start to first completion" in rows) is (llama is not None)
+    if not report["gpu"]:
+        assert report["gate_over_cuinit"] is None
+        assert "no GPU here" in (tmp_path / "gate.txt").read_text()
+    assert not list(Path("/dev/shm").glob("ct200-bench-gate-*/bench/*.bin")), "left in /dev/shm"
+
+
 def test_doctor_benchmark(tmp_path: Path) -> None:
     """benchmarks/doctor/run.py: the doctor against its cuInit floor, two rounds. Without a GPU
     (here) it times the doctor alone and says so; it fails if the doctor broke."""

@@ -21,6 +21,7 @@ from ct200_tools.checks.causes import CAUSES
 from ct200_tools.facts import CudaFacts, DevNode, Facts, loads
 from ct200_tools.report import Exit, Header, exit_code, render_text, root_causes
 from ct200_tools.spec import SiteSpec, load_spec
+from tests.unit import server_facts as sf
 
 ROOT = Path(__file__).parents[2]
 FACTS = ROOT / "tests" / "fixtures" / "facts"
@@ -28,6 +29,7 @@ SPECS = {
     "ct200": ROOT / "inventory" / "ct200",
     "h200": ROOT / "benchmarks" / "doctor" / "h200-site.yml",
     "h200x2": ROOT / "benchmarks" / "doctor" / "h200x2-site.yml",
+    "llama-cpu": sf.LLAMA_SPEC,
 }
 
 
@@ -239,6 +241,50 @@ CASES = {
     ),
     "derived-cuda-timed-out": Case(
         "h200-uvm-denied", "h200", ("dev.open", "gpu.cuda_init"), {}, cuda_timed_out
+    ),
+    # The llama server's recordings on the healthy H200's GPU sections (server_facts.on_h200),
+    # its unit as recorded on a testbed machine: only the server's own faults fail.
+    "derived-server-gate-cuda": Case(
+        "llama-cpu-stopped",
+        "llama-cpu",
+        ("gpu.cuda_init",),
+        {"server.unit": "gpu.cuda_init", "server.port": "gpu.cuda_init"},
+        sf.chain(sf.on_h200, sf.cuda_hung, sf.with_unit("fail")),
+    ),
+    "derived-server-gate-not-staged": Case(
+        "llama-cpu-stopped",
+        "llama-cpu",
+        ("models.staged",),
+        {"server.unit": "models.staged", "server.port": "models.staged"},
+        sf.chain(sf.on_h200, sf.not_staged, sf.with_unit("fail")),
+    ),
+    "derived-server-gate-no-engine": Case(
+        "llama-cpu-stopped",
+        "llama-cpu",
+        ("server.engine",),
+        {"server.unit": "server.engine", "server.port": "server.engine"},
+        sf.chain(sf.on_h200, sf.no_engine, sf.with_unit("fail")),
+    ),
+    "derived-server-gate-port-taken": Case(
+        "llama-cpu-serving",
+        "llama-cpu",
+        ("server.port_free",),
+        {"server.unit": "server.port_free"},
+        sf.chain(sf.on_h200, sf.with_unit("fail")),
+    ),
+    "derived-server-stopped": Case(
+        "llama-cpu-stopped",
+        "llama-cpu",
+        ("server.unit",),
+        {"server.port": "server.unit"},
+        sf.chain(sf.on_h200, sf.with_unit("dead")),
+    ),
+    "derived-server-port-answered-by-another": Case(
+        "llama-cpu-serving",
+        "llama-cpu",
+        ("server.port_free",),
+        {"server.models": "server.port_free", "server.generate": "server.port_free"},
+        sf.chain(sf.on_h200, sf.serves("other"), sf.generation_timed_out),
     ),
 }
 

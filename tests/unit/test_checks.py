@@ -30,6 +30,7 @@ from ct200_tools.facts import Facts, RemappedRows, StagedTreeFacts, loads
 from ct200_tools.report import Exit, exit_code, root_causes
 from ct200_tools.spec import SiteSpec, load_spec
 from tests.fixtures import derive_ct200
+from tests.unit import server_facts as sf
 
 FIX = Path(__file__).parents[1] / "fixtures"
 ROOT = Path(__file__).parents[2]
@@ -328,7 +329,7 @@ def test_selecting_nothing_is_an_error() -> None:
     with pytest.raises(SelectionError, match="--only gpu --skip gpu selects no check"):
         select(["gpu"], ["gpu"])
     with pytest.raises(SelectionError):
-        select(skip=["driver", "dev", "gpu", "topo", "tune", "host", "mem", "models"])
+        select(skip=["driver", "dev", "gpu", "topo", "tune", "host", "mem", "models", "server"])
 
 
 def test_nothing_judged_is_not_clean() -> None:
@@ -355,7 +356,7 @@ def test_ids_unique_well_formed_and_documented() -> None:
         prefix = c.id.split(".")[0]
         assert c.module == f"ct200_tools.checks.{prefix}", (c.id, c.module)
         assert c.needs and set(c.needs) <= FACT_SECTIONS, (c.id, c.needs)
-    assert len(CHECKS) == 22  # a new check needs its doc entry and this count bumped
+    assert len(CHECKS) == 30  # a new check needs its doc entry and this count bumped
     assert docs == render(), "docs/checks.md is stale: run make docs"
     units = {
         obj.id
@@ -371,7 +372,17 @@ def test_ids_unique_well_formed_and_documented() -> None:
 # each with the smallest edit that makes the point. test_every_check_has_examples keeps the
 # table complete; each example also proves the check reads only the facts it declares.
 # =============================================================================================
-FACT_SECTIONS = {"kernel", "devices", "pci", "nvml", "cuda", "memory", "models"}
+FACT_SECTIONS = {
+    "kernel",
+    "devices",
+    "pci",
+    "nvml",
+    "cuda",
+    "memory",
+    "models",
+    "serving",
+    "servers",
+}
 
 
 @dataclass(frozen=True)
@@ -554,11 +565,68 @@ EXAMPLES: dict[str, tuple[Example, ...]] = {
             "ct200-ct-healthy", "ct200", "fail", _memory(memory_max=400 * 2**30), spec_edit=_kimi
         ),
     ),
+    # The llama-cpu recordings (tests/unit/server_facts.py says what each edit stands for).
+    "server.engine": (
+        Example("llama-cpu-serving", "llama-cpu", "pass"),
+        Example("llama-cpu-serving", "llama-cpu", "fail", sf.no_engine),
+        Example("llama-cpu-serving", "llama-cpu", "fail", sf.engine(exists=True, executable=False)),
+    ),
+    "server.port_free": (
+        Example("llama-cpu-stopped", "llama-cpu", "pass"),
+        Example("llama-cpu-serving", "llama-cpu", "pass", sf.own_port),
+        Example("llama-cpu-serving", "llama-cpu", "fail"),
+    ),
+    "server.quant": (
+        Example(
+            "llama-cpu-serving",
+            "llama-cpu",
+            "pass",
+            sf.chain(sf.nvfp4_model, sf.python_engine("0.18.0", "compressed-tensors==0.18.0")),
+        ),
+        Example(
+            "llama-cpu-serving",
+            "llama-cpu",
+            "fail",
+            sf.chain(sf.nvfp4_model, sf.python_engine("0.9.4")),
+        ),
+        Example(
+            "llama-cpu-serving",
+            "llama-cpu",
+            "fail",
+            sf.chain(sf.nvfp4_model, sf.python_engine("0.10.0", "compressed-tensors==0.18.0")),
+        ),
+    ),
+    "server.unit": (
+        Example("llama-cpu-serving", "llama-cpu", "pass", sf.with_unit("ok")),
+        Example("llama-cpu-stopped", "llama-cpu", "fail", sf.with_unit("fail")),
+        Example("llama-cpu-stopped", "llama-cpu", "fail", sf.with_unit("limit")),
+        Example("llama-cpu-stopped", "llama-cpu", "fail", sf.with_unit("none")),
+        Example("llama-cpu-stopped", "llama-cpu", "fail", sf.with_unit("dead")),
+        Example("llama-cpu-stopped", "llama-cpu", "warn", sf.with_unit("start")),
+    ),
+    "server.port": (
+        Example("llama-cpu-serving", "llama-cpu", "pass"),
+        Example("llama-cpu-stopped", "llama-cpu", "fail"),
+    ),
+    "server.models": (
+        Example("llama-cpu-serving", "llama-cpu", "pass"),
+        Example("llama-cpu-serving", "llama-cpu", "fail", sf.serves("other")),
+    ),
+    "server.generate": (
+        Example("llama-cpu-serving", "llama-cpu", "pass"),
+        Example("llama-cpu-serving", "llama-cpu", "fail", sf.generation_timed_out),
+    ),
+    "server.gpus": (
+        Example("llama-cpu-serving", "llama-cpu", "pass", sf.on_gpus("0")),
+        Example("llama-cpu-serving", "llama-cpu", "fail", sf.on_gpus("0,1")),
+        Example("llama-cpu-serving", "llama-cpu", "fail", sf.on_gpus(None)),
+    ),
 }
 SPECS = {
     "ct200": ROOT / "inventory" / "ct200",
     "h200": ROOT / "benchmarks" / "doctor" / "h200-site.yml",
     "h200x2": ROOT / "benchmarks" / "doctor" / "h200x2-site.yml",
+    "llama-cpu": sf.LLAMA_SPEC,
 }
 
 
@@ -619,6 +687,7 @@ def test_needs_hold_on_every_fixture() -> None:
     ]
     runs += [("h200-c195-denied", "h200"), ("h200-c195-denied", None)]
     runs += [("nodriver-vm", None), ("nodriver-vm", "ct200")]
+    runs += [(f"llama-cpu-{k}", "llama-cpu") for k in ("serving", "stopped")]
     for name, spec in runs:
         ctx = Context(facts(name), spec_named(spec) if spec else None)
         for c in CHECKS:
