@@ -7,9 +7,9 @@ import os
 import sys
 import tempfile
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 
@@ -28,6 +28,8 @@ from ct200_tools.report import (
     render_text,
 )
 from ct200_tools.spec import SiteSpec, SpecError, find_spec, load_spec
+from ct200_tools.warmup import DEFAULT_MODE as DEFAULT_CUDA_MODE
+from ct200_tools.warmup import MODES as CUDA_MODES
 
 EPILOG = """\b
 Examples:
@@ -35,6 +37,7 @@ Examples:
   ct200-doctor check --spec inventory/ct200 --only dev --only gpu.cuda_init
   ct200-doctor check --json | jq '.checks[] | select(.status=="fail")'
   ct200-doctor check --textfile /var/lib/node_exporter/textfile/ct200.prom
+  ct200-doctor check --cuda-init all        one cuInit over every GPU (the default: one per GPU)
   ct200-doctor snapshot > facts.json       on the sick machine; then anywhere:
   ct200-doctor check --facts facts.json --spec site.yml
   ct200-doctor validate inventory/ct200
@@ -50,6 +53,18 @@ QUICK_TIMEOUT_S = 10.0
 DEEP_TIMEOUT_S = 3600.0
 #: A day: past it a "timeout" is a typo, and inf overflows the thread joins.
 MAX_TIMEOUT_S = 86400.0
+
+
+def cuda_init_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--cuda-init per-gpu|all: how the CUDA probe initialises (see ct200_tools/warmup.py, which
+    reads the same option before the doctor is imported, to start the children first)."""
+    return click.option(
+        "--cuda-init",
+        "cuda_init",
+        type=click.Choice(CUDA_MODES),
+        help=f"per-gpu: one CUDA child per GPU, side by side, naming a failing GPU; all: one "
+        f"cuInit over every GPU [default: {DEFAULT_CUDA_MODE}]. Not with --facts.",
+    )(fn)
 
 
 class DoctorError(Exception):
@@ -191,6 +206,7 @@ def cli() -> None:
     help=f"Seconds each probe (and cuInit) may take [default: {QUICK_TIMEOUT_S:g}]. "
     "Not with --facts.",
 )
+@cuda_init_option
 def check(
     spec_path: str | None,
     facts_path: Path | None,
@@ -203,6 +219,7 @@ def check(
     strict: bool,
     deep: bool,
     timeout: float | None,
+    cuda_init: str | None,
 ) -> None:
     """Probe this machine (or read --facts) and judge it against the site spec."""
     if as_json and prometheus:
@@ -210,11 +227,17 @@ def check(
             "--json and --prometheus both choose what is printed: give one "
             "(--textfile writes the Prometheus textfile beside either)"
         )
-    if facts_path is not None and (deep or timeout is not None):
-        flag = "--deep" if deep else "--timeout"
+    if facts_path is not None and (deep or timeout is not None or cuda_init is not None):
+        flag, arg = (
+            ("--deep", "")
+            if deep
+            else ("--timeout", " SECONDS")
+            if timeout is not None
+            else ("--cuda-init", f" {cuda_init}")
+        )
         raise click.UsageError(
             f"{flag} changes how this machine is probed, and --facts probes nothing: take "
-            f"the snapshot with `ct200-doctor snapshot {flag}{'' if deep else ' SECONDS'}`"
+            f"the snapshot with `ct200-doctor snapshot {flag}{arg}`"
         )
     try:
         selected = select(_split(only), _split(skip))
@@ -223,7 +246,7 @@ def check(
     if textfile is not None:
         _check_textfile(textfile)
     spec, source = _load_spec(spec_path)
-    facts = _read_facts(facts_path) if facts_path else _probe(spec, timeout, deep)
+    facts = _read_facts(facts_path) if facts_path else _probe(spec, timeout, deep, cuda_init)
     findings = run_checks(facts, spec, selected)
     code = exit_code(findings, strict)
     head = Header(facts, source, tuple(str(w) for w in spec.warnings) if spec else ())
@@ -247,12 +270,15 @@ def check(
     callback=_seconds,
     help=f"Seconds per probe [default: {QUICK_TIMEOUT_S:g}].",
 )
-def snapshot(spec_path: str | None, deep: bool, timeout: float | None) -> None:
+@cuda_init_option
+def snapshot(
+    spec_path: str | None, deep: bool, timeout: float | None, cuda_init: str | None
+) -> None:
     """Print this machine's facts as JSON, to judge elsewhere with `check --facts`."""
     from ct200_tools.facts import dumps  # noqa: PLC0415
 
     spec, _ = _load_spec(spec_path)
-    _emit(dumps(_probe(spec, timeout, deep)))
+    _emit(dumps(_probe(spec, timeout, deep, cuda_init)))
     _exit(Exit.OK)
 
 
@@ -300,12 +326,16 @@ def list_checks(as_json: bool) -> None:
     _emit("".join(f"{c.id:<{width}}  {c.severity:<7}  {c.title}\n" for c in CHECKS))
 
 
-def _probe(spec: SiteSpec | None, timeout: float | None, deep: bool = False) -> Facts:
+def _probe(
+    spec: SiteSpec | None, timeout: float | None, deep: bool = False, cuda_init: str | None = None
+) -> Facts:
     from ct200_tools.probes import collect  # noqa: PLC0415
 
     if timeout is None:
         timeout = DEEP_TIMEOUT_S if deep else QUICK_TIMEOUT_S
-    return collect(spec=spec, timeout_s=timeout, deep=deep)
+    return collect(
+        spec=spec, timeout_s=timeout, deep=deep, cuda_mode=cuda_init or DEFAULT_CUDA_MODE
+    )
 
 
 def _read_facts(path: Path) -> Facts:

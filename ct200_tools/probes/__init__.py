@@ -1,7 +1,8 @@
 """Probes read the machine into Facts. They judge nothing.
 
-All probes run at once: the CUDA child process starts first (it is the slowest, ~0.3 s on an
-H200), the others run in threads beside it, each with a deadline that names it when missed.
+All probes run at once: the CUDA children start first (the slowest: ~0.3 s per H200 for one
+cuInit over every GPU; per-GPU mode runs one child per GPU side by side), the others run in
+threads beside them, each with a deadline that names it when missed.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ct200_tools.probes.memory import probe_memory
 from ct200_tools.probes.nvml import probe_nvml
 from ct200_tools.probes.pci import probe_pci
 from ct200_tools.spec import ModelSpec, SiteSpec
+from ct200_tools.warmup import DEFAULT_MODE as DEFAULT_CUDA_MODE
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -91,11 +93,13 @@ def collect(
     reader: Reader | None = None,
     cuda: bool = True,
     deep: bool = False,
+    cuda_mode: str = DEFAULT_CUDA_MODE,
 ) -> Facts:
-    """Run every probe in parallel; a probe past its deadline is recorded as timed out."""
+    """Run every probe in parallel; a probe past its deadline is recorded as timed out.
+    cuda_mode: "per-gpu" (one CUDA child per GPU) or "all" (one cuInit over every GPU)."""
     r = reader or Reader(root=root or Path("/"), deep=deep)
     t0 = time.monotonic()
-    child = CudaChild(timeout_s) if cuda else None
+    child = CudaChild(timeout_s, cuda_mode, r.root) if cuda else None
     runners = [_Runner(p, r, spec) for p in PROBES]
     for t in runners:
         t.start()
