@@ -9,7 +9,8 @@
  *   CT200_STANDIN_FAIL   "GPU-uuid=999,..."           cuInit's result when that GPU is visible
  *   CT200_STANDIN_HANG   "GPU-uuid"                   cuInit never returns for that GPU
  * CUDA_VISIBLE_DEVICES (one UUID, or one index counted over CT200_STANDIN_GPUS) picks the GPU;
- * an unknown one, or none, gives 100 CUDA_ERROR_NO_DEVICE, as CUDA does.
+ * unset, every GPU is visible (the first answers); an unknown one, or an empty value, gives
+ * 100 CUDA_ERROR_NO_DEVICE, as CUDA does.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 static char visible_bus[64];
+static int visible_count = 1;
 
 /* The value after "key=" in a "k=v,k=v" list, copied into out; 0 when absent. */
 static int lookup(const char *list, const char *key, char *out, size_t n) {
@@ -63,8 +65,12 @@ int cuInit(unsigned int flags) {
     const char *gpus = getenv("CT200_STANDIN_GPUS");
     const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
     char uuid[64] = {0}, value[64];
-    if (!gpus || !cvd || !*cvd) return 100;
-    if (strncmp(cvd, "GPU-", 4) == 0) {
+    if (!gpus || (cvd && !*cvd)) return 100;
+    if (!cvd) { /* every GPU visible: report the first */
+        visible_count = 1;
+        for (const char *p = strchr(gpus, ','); p; p = strchr(p + 1, ',')) visible_count++;
+        if (!nth_uuid(gpus, 0, uuid, sizeof uuid)) return 100;
+    } else if (strncmp(cvd, "GPU-", 4) == 0) {
         snprintf(uuid, sizeof uuid, "%s", cvd);
     } else if (!nth_uuid(gpus, atoi(cvd), uuid, sizeof uuid)) {
         return 100;
@@ -89,7 +95,7 @@ int cuGetErrorName(int code, const char **name) {
     }
 }
 
-int cuDeviceGetCount(int *n) { *n = visible_bus[0] ? 1 : 0; return 0; }
+int cuDeviceGetCount(int *n) { *n = visible_bus[0] ? visible_count : 0; return 0; }
 
 int cuDeviceGet(int *dev, int ordinal) {
     if (ordinal != 0 || !visible_bus[0]) return 101;
