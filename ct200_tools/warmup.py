@@ -24,6 +24,9 @@ child's deadline. How this list can differ from what the spec expects:
 
 - no /proc/driver/nvidia (module not loaded: a machine without GPUs, this one included), or an
   empty list: one all-GPU child instead, which reports why CUDA cannot start (the facts say so);
+  where /proc/driver/nvidia cannot be listed but /dev/nvidiaN nodes exist (a sandbox passing
+  the nodes only), one child per node, by index in PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID),
+  each reporting the bus id CUDA opened;
 - a GPU that fell off the bus stays listed while the driver holds it: its child fails and the
   doctor names it; a GPU gone from the PCI bus (never enumerated, removed) is not listed, so it
   gets no child: gpu.count (spec against NVML and the PCI bus) reports it;
@@ -209,6 +212,17 @@ def list_gpus(root: str = "/") -> list[str]:
     return sorted(os.listdir(os.path.join(root, GPUS_DIR)), key=_bus_key)
 
 
+def gpu_nodes(root: str = "/") -> list[int]:
+    """The N of every /dev/nvidiaN here (where /proc/driver/nvidia/gpus cannot be listed: a
+    sandbox that passes the nodes but not the driver's procfs)."""
+    try:
+        names = os.listdir(os.path.join(root, "dev"))
+    except OSError:
+        return []
+    tails = (n.removeprefix("nvidia") for n in names if n.startswith("nvidia"))
+    return sorted(int(t) for t in tails if t.isdigit())
+
+
 def visible_entries(env: Mapping[str, str]) -> list[str] | None:
     """The caller's CUDA_VISIBLE_DEVICES entries; None when it is not set."""
     value = env.get("CUDA_VISIBLE_DEVICES")
@@ -256,6 +270,19 @@ def spawn(mode: str = DEFAULT_MODE, root: str = "/") -> Started:
         except OSError as exc:
             buses = []
             note = f"cannot list /{GPUS_DIR} ({exc.strerror}): is the NVIDIA kernel module loaded?"
+            nodes = gpu_nodes(root)
+            if nodes:
+                note = (
+                    f"cannot list /{GPUS_DIR} ({exc.strerror}): one child per /dev/nvidiaN "
+                    f"node ({len(nodes)}), by index in PCI bus order"
+                )
+            ordered = {**env, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+            for i in range(len(nodes)):
+                c = _popen(
+                    PER_GPU_CHILD, ("", "", root), {**ordered, "CUDA_VISIBLE_DEVICES": str(i)}
+                )
+                c.index, c.visible = i, str(i)
+                children.append(c)
         else:
             if not buses:
                 note = f"/{GPUS_DIR} lists no GPU"

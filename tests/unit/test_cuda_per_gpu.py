@@ -246,11 +246,27 @@ def test_without_the_module_per_gpu_runs_the_all_gpu_child(tmp_path: Path) -> No
     assert c.error is not None and c.error.startswith("libcuda.so.1 not found")
 
 
+def test_without_the_drivers_procfs_one_child_per_gpu_node(
+    tmp_path: Path, driver: pytest.MonkeyPatch
+) -> None:
+    """/dev/nvidiaN nodes but no /proc/driver/nvidia (a sandbox passing the nodes only): one
+    child per node, by index in bus order, each reporting the GPU CUDA opened."""
+    (tmp_path / "dev").mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"):
+        (tmp_path / "dev" / name).write_text("")
+    c = probe(tmp_path).cuda
+    assert c is not None and c.mode == "per-gpu"
+    assert c.note is not None and "one child per /dev/nvidiaN node (2)" in c.note
+    assert [(g.index, g.visible, g.pci_bus_id, g.code) for g in c.gpus] == [
+        (0, "0", "0000:00:06.0", 0),
+        (1, "1", "0000:00:07.0", 0),
+    ]
+
+
 def test_all_mode_is_one_cuinit_over_every_gpu(tmp_path: Path, driver: pytest.MonkeyPatch) -> None:
-    driver.setenv("CUDA_VISIBLE_DEVICES", UUIDS[0])  # the stand-in sees one GPU at a time
     c = probe(proc_tree(tmp_path, GPUS), mode="all").cuda
     assert c is not None and c.mode == "all" and not c.gpus and c.note is None
-    assert (c.code, c.device_count, c.driver_version) == (0, 1, 13000)
+    assert (c.code, c.device_count, c.driver_version) == (0, 3, 13000)
 
 
 def test_a_prestarted_mode_that_was_not_asked_for_is_not_used(
