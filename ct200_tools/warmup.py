@@ -173,18 +173,19 @@ class Started:
     """The CUDA children of one probe: the mode that ran, and why it differs from the one
     asked for (per-GPU mode with no GPU to list runs one all-GPU child)."""
 
-    __slots__ = ("asked", "children", "mode", "note", "root")
+    __slots__ = ("asked", "children", "gpus", "mode", "note", "root")
 
     def __init__(
-        self, asked: str, mode: str, children: list[Child], note: str | None, root: str
+        self,
+        asked: str,
+        mode: str,
+        children: list[Child],
+        note: str | None,
+        root: str,
+        gpus: tuple[int, ...] | None = None,
     ) -> None:
-        self.asked, self.mode, self.children, self.note, self.root = (
-            asked,
-            mode,
-            children,
-            note,
-            root,
-        )
+        self.asked, self.mode, self.children, self.note = asked, mode, children, note
+        self.root, self.gpus = root, gpus
 
     def kill(self) -> None:
         for c in self.children:
@@ -249,61 +250,80 @@ def spawn_cuda_child() -> tuple[subprocess.Popen[bytes], float]:
     return c.proc, c.started
 
 
-def spawn(mode: str = DEFAULT_MODE, root: str = "/") -> Started:
-    """Start the CUDA children of `mode` (see the module's doc for how GPUs are listed)."""
+def spawn(mode: str = DEFAULT_MODE, root: str = "/", gpus: Sequence[int] | None = None) -> Started:
+    """Start the CUDA children of `mode` (see the module's doc for how GPUs are listed).
+    gpus: only these GPUs (nvidia-smi's indices, as a server's spec names them), instead of
+    every GPU or the caller's CUDA_VISIBLE_DEVICES."""
     env = os.environ.copy()
-    if mode == ALL:
-        return Started(mode, ALL, [_popen(CUDA_CHILD, (), env)], None, root)
-    entries = visible_entries(env)
-    note: str | None = None
+    key = tuple(gpus) if gpus is not None else None
+    if key is not None:
+        env |= {"CUDA_VISIBLE_DEVICES": ",".join(map(str, key)), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     children: list[Child] = []
-    if entries is not None:
+    note: str | None = None
+    if mode != ALL:
+        children, note = _per_gpu(env, root, key)
+    if not children:
+        return Started(mode, ALL, [_popen(CUDA_CHILD, (), env)], note, root, key)
+    return Started(mode, PER_GPU, children, note, root, key)
+
+
+def _by_index(env: Mapping[str, str], root: str, i: int) -> Child:
+    """GPU i by its place in PCI bus order, where its bus id (and so its UUID) is not known."""
+    ordered = {**env, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(i)}
+    c = _popen(PER_GPU_CHILD, ("", "", root), ordered)
+    c.index, c.visible = i, str(i)
+    return c
+
+
+def _per_gpu(
+    env: Mapping[str, str], root: str, gpus: tuple[int, ...] | None
+) -> tuple[list[Child], str | None]:
+    if gpus == ():
+        return [], "no GPU asked for"
+    entries = visible_entries(env)
+    if gpus is None and entries is not None:  # the caller's own CUDA_VISIBLE_DEVICES
+        children = []
         for e in entries:
             c = _popen(PER_GPU_CHILD, ("", "", root), {**env, "CUDA_VISIBLE_DEVICES": e})
             c.index, c.visible = (int(e) if e.isdigit() else None), e
             children.append(c)
-        if not children:
-            note = "CUDA_VISIBLE_DEVICES is empty: it hides every GPU"
-    else:
-        try:
-            buses = list_gpus(root)
-        except OSError as exc:
-            buses = []
-            note = f"cannot list /{GPUS_DIR} ({exc.strerror}): is the NVIDIA kernel module loaded?"
-            nodes = gpu_nodes(root)
-            if nodes:
-                note = (
-                    f"cannot list /{GPUS_DIR} ({exc.strerror}): one child per /dev/nvidiaN "
-                    f"node ({len(nodes)}), by index in PCI bus order"
-                )
-            ordered = {**env, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-            for i in range(len(nodes)):
-                c = _popen(
-                    PER_GPU_CHILD, ("", "", root), {**ordered, "CUDA_VISIBLE_DEVICES": str(i)}
-                )
-                c.index, c.visible = i, str(i)
-                children.append(c)
-        else:
-            if not buses:
-                note = f"/{GPUS_DIR} lists no GPU"
-        for i, bus in enumerate(buses):
-            c = _popen(PER_GPU_CHILD, (bus, str(i), root), env)
-            c.bus, c.index = bus, i
-            children.append(c)
-    if not children:
-        return Started(mode, ALL, [_popen(CUDA_CHILD, (), env)], note, root)
-    return Started(mode, PER_GPU, children, note, root)
+        return children, None if children else "CUDA_VISIBLE_DEVICES is empty: it hides every GPU"
+    try:
+        buses = list_gpus(root)
+    except OSError as exc:
+        why = f"cannot list /{GPUS_DIR} ({exc.strerror})"
+        wanted = list(gpus) if gpus is not None else gpu_nodes(root)
+        if not wanted:
+            return [], f"{why}: is the NVIDIA kernel module loaded?"
+        how = (
+            "one child per GPU asked for" if gpus is not None else "one child per /dev/nvidiaN node"
+        )
+        note = f"{why}: {how} ({len(wanted)}), by index in PCI bus order"
+        indices = wanted if gpus is not None else range(len(wanted))
+        return [_by_index(env, root, i) for i in indices], note
+    if not buses and gpus is None:
+        return [], f"/{GPUS_DIR} lists no GPU"
+    children = []
+    for i in gpus if gpus is not None else range(len(buses)):
+        if i >= len(buses):  # not listed: CUDA says what it makes of the index
+            children.append(_by_index(env, root, i))
+            continue
+        c = _popen(PER_GPU_CHILD, (buses[i], str(i), root), env)
+        c.bus, c.index = buses[i], i
+        children.append(c)
+    return children, None
 
 
-def take(mode: str = DEFAULT_MODE, root: str = "/") -> Started:
+def take(mode: str = DEFAULT_MODE, root: str = "/", gpus: Sequence[int] | None = None) -> Started:
     """The prestarted children if they are what is asked for (once), else new ones."""
     global _prestarted
     got, _prestarted = _prestarted, None
-    if got is not None and (got.asked, got.root) == (mode, root):
+    key = tuple(gpus) if gpus is not None else None
+    if got is not None and (got.asked, got.root, got.gpus) == (mode, root, key):
         return got
     if got is not None:
         got.kill()
-    return spawn(mode, root)
+    return spawn(mode, root, gpus)
 
 
 def _nvml_init() -> None:

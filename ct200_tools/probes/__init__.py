@@ -11,7 +11,7 @@ import datetime as dt
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,12 +94,14 @@ def collect(
     cuda: bool = True,
     deep: bool = False,
     cuda_mode: str = DEFAULT_CUDA_MODE,
+    cuda_gpus: Sequence[int] | None = None,
 ) -> Facts:
     """Run every probe in parallel; a probe past its deadline is recorded as timed out.
-    cuda_mode: "per-gpu" (one CUDA child per GPU) or "all" (one cuInit over every GPU)."""
+    cuda_mode: "per-gpu" (one CUDA child per GPU) or "all" (one cuInit over every GPU);
+    cuda_gpus: only these GPUs (nvidia-smi's indices: a server's start gate), not all."""
     r = reader or Reader(root=root or Path("/"), deep=deep)
     t0 = time.monotonic()
-    child = CudaChild(timeout_s, cuda_mode, r.root) if cuda else None
+    child = CudaChild(timeout_s, cuda_mode, r.root, cuda_gpus) if cuda else None
     runners = [_Runner(p, r, spec) for p in PROBES]
     for t in runners:
         t.start()

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,10 +39,14 @@ class CudaChild:
     """Started first, joined last: the slowest probe runs alongside all the others."""
 
     def __init__(
-        self, timeout_s: float, mode: str = DEFAULT_MODE, root: Path | None = None
+        self,
+        timeout_s: float,
+        mode: str = DEFAULT_MODE,
+        root: Path | None = None,
+        gpus: Sequence[int] | None = None,
     ) -> None:
         self.timeout_s = timeout_s
-        self.started: Started = take(mode, str(root or "/"))
+        self.started: Started = take(mode, str(root or "/"), gpus)
 
     def result(self) -> CudaFacts:
         s = self.started

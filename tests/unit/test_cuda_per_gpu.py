@@ -228,6 +228,23 @@ def test_the_callers_cuda_visible_devices_gives_one_child_per_entry(
     assert c.device_count == 2
 
 
+def test_a_servers_gpus_only(tmp_path: Path, driver: pytest.MonkeyPatch) -> None:
+    """collect(cuda_gpus=...) (a server's start gate): children for those GPUs alone, by UUID;
+    an index the driver does not list goes to CUDA by index, which says there is no such GPU.
+    The caller's own CUDA_VISIBLE_DEVICES does not widen it."""
+    driver.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    root = proc_tree(tmp_path, GPUS)
+    c = collect(reader=Reader(root=root), timeout_s=30, cuda_gpus=[2, 0, 7]).cuda
+    assert c is not None and c.mode == "per-gpu"
+    assert [(g.index, g.visible, g.pci_bus_id, g.code) for g in c.gpus] == [
+        (2, UUIDS[2], "0000:a1:00.0", 0),
+        (0, UUIDS[0], "0000:00:06.0", 0),
+        (7, "7", None, 100),
+    ]
+    whole = collect(reader=Reader(root=root), cuda_gpus=[1], cuda_mode="all").cuda
+    assert whole is not None and (whole.code, whole.device_count) == (0, 1)
+
+
 def test_an_empty_cuda_visible_devices_runs_the_all_gpu_child(
     tmp_path: Path, driver: pytest.MonkeyPatch
 ) -> None:
