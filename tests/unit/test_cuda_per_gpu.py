@@ -10,6 +10,7 @@ verdicts are judged on per-GPU facts derived from the recordings (tests/fixtures
 from __future__ import annotations
 
 import functools
+import json
 import shutil
 import subprocess
 import sys
@@ -412,3 +413,24 @@ def test_a_gpu_whose_node_is_missing_is_that_node() -> None:
     assert cuda.caused_by == "dev.nodes"  # type: ignore[attr-defined]
     assert cuda.remediation == got["dev.nodes"].remediation  # type: ignore[attr-defined]
     assert "dev3: /dev/nvidia3,mode=0666" in cuda.remediation.command  # type: ignore[attr-defined]
+
+
+def test_the_prestart_starts_cuda_before_the_doctor_is_imported() -> None:
+    """The console entry's first step: children started, and nothing of the doctor's own but
+    the stdlib-only warmup imported yet (its imports are what the children run beside)."""
+    code = (
+        "import json, sys; from ct200_tools import warmup; warmup.start(sys.argv[1:]); "
+        "s = warmup._prestarted; "
+        "print(json.dumps([s.asked, len(s.children), "
+        "sorted(m for m in sys.modules if m.startswith('ct200_tools'))]))"
+    )
+    for argv, asked in ((["check"], "per-gpu"), (["snapshot", "--cuda-init", "all"], "all")):
+        r = subprocess.run(
+            [sys.executable, "-c", code, *argv],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+            timeout=60,
+        )
+        assert json.loads(r.stdout) == [asked, 1, ["ct200_tools", "ct200_tools.warmup"]]
