@@ -245,7 +245,8 @@ def _popen(code: str, args: Sequence[str], env: Mapping[str, str]) -> Child:
 
 
 def spawn_cuda_child() -> tuple[subprocess.Popen[bytes], float]:
-    """The all-GPU child and its start time (the probe's timeout counts from here)."""
+    """The all-GPU child alone and its start time (the timeout counts from here), for a caller
+    that wants just that process; the probe starts its children with spawn()."""
     c = _popen(CUDA_CHILD, (), os.environ)
     return c.proc, c.started
 

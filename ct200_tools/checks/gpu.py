@@ -221,13 +221,15 @@ def _per_gpu(ctx: Context, c: CudaFacts) -> Outcome:
             *[pr.message for pr in prs],
             *lines,
         )
-    return failed(_gpu_summary(ctx, bad, n), _gpu_fix(ctx, bad), *lines)
+    # Name the GPUs no node explains (a GPU whose own node is broken is dev.*'s, a root of
+    # its own in the same report).
+    lost = [g for g in bad if g.timed_out or not node_problems_of(ctx, [g])] or list(bad)
+    return failed(_gpu_summary(ctx, lost, n - len(bad)), _gpu_fix(ctx, lost), *lines)
 
 
-def _gpu_summary(ctx: Context, bad: Sequence[CudaGpuInit], n: int) -> str:
+def _gpu_summary(ctx: Context, bad: Sequence[CudaGpuInit], started: int) -> str:
     what = "; ".join(f"{g.label}: {_failure(g)}" for g in bad)
-    others = n - len(bad)
-    tail = f", while {plural(others, 'other GPU')} started" if others else ""
+    tail = f", while {plural(started, 'other GPU')} started" if started else ""
     nodes = [p for g in bad if (p := gpu_node(g))]
     if nodes and ctx.facts.devices is not None and not dev.problems(ctx, nodes):
         which = nodes[0] if len(nodes) == 1 else ", ".join(nodes)

@@ -20,6 +20,7 @@ import pytest
 from ct200_tools.checks import run_checks
 from ct200_tools.checks.causes import CAUSES
 from ct200_tools.facts import CudaFacts, DevNode, Facts, loads
+from ct200_tools.probes.cuda import summarise
 from ct200_tools.report import Exit, Header, exit_code, render_text, root_causes
 from ct200_tools.spec import SiteSpec, load_spec
 
@@ -255,6 +256,23 @@ def uvm_tools_denied(f: Facts) -> Facts:
     return _nodes(f, edit)
 
 
+def gpu5_node_missing(f: Facts) -> Facts:
+    """derived: on top of GPU3 fallen off the bus, /dev/nvidia5 is not passed through and GPU5's
+    child gets 100 CUDA_ERROR_NO_DEVICE (as derive_per_gpu.gpu_node_missing does for GPU3): two
+    faults, two roots; GPU5 is dev.nodes', GPU3 alone gpu.cuda_init's."""
+    assert f.cuda is not None
+    gpus = tuple(
+        dataclasses.replace(
+            g, code=100, name="CUDA_ERROR_NO_DEVICE", step="cuInit", cuda_bus_id=None
+        )
+        if g.index == 5
+        else g
+        for g in f.cuda.gpus
+    )
+    f = dataclasses.replace(f, cuda=summarise(gpus, f.cuda.driver_version))
+    return _nodes(f, _gone("/dev/nvidia5"))
+
+
 #: Per-GPU mode (tests/fixtures/derive_per_gpu.py): a fault every GPU shares is still ONE root
 #: cause with the same links as the one all-GPU cuInit, however many GPUs fail with it; a fault
 #: of one GPU is that GPU (or its own node).
@@ -282,6 +300,13 @@ PER_GPU_CASES |= {
         "ct200",
         ("dev.nodes",),
         {"gpu.cuda_init": "dev.nodes", "gpu.count": "dev.nodes"},
+    ),
+    "derived-pergpu-gpu-lost-and-gpu5-node-missing": Case(
+        "pergpu-ct200-ct-gpu-lost",
+        "ct200",
+        ("dev.nodes", "gpu.cuda_init"),
+        {"gpu.count": "gpu.cuda_init"},
+        gpu5_node_missing,
     ),
     "derived-pergpu-gpu-lost-and-uvm-tools-denied": Case(
         "pergpu-ct200-ct-gpu-lost",
@@ -424,3 +449,13 @@ def test_ct200_c195_denied_per_gpu_is_one_root_not_eight() -> None:
     assert (
         sum(1 for e in cuda.evidence if e.endswith("cuInit returned 100 CUDA_ERROR_NO_DEVICE")) == 8
     )
+
+
+def test_two_gpus_failing_for_two_reasons_are_two_roots() -> None:
+    got = {f.id: f for f in CASES["derived-pergpu-gpu-lost-and-gpu5-node-missing"].run()}
+    cuda = got["gpu.cuda_init"]
+    assert cuda.summary.startswith(
+        "GPU3 0000:61:00.0: cuInit returned 999 CUDA_ERROR_UNKNOWN, while 6 other GPUs started;"
+    )
+    assert "GPU5" not in cuda.summary  # its own node explains it: dev.nodes names it
+    assert got["dev.nodes"].evidence[0] == "/dev/nvidia5 does not exist"
