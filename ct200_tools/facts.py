@@ -22,6 +22,11 @@ SCHEMA_VERSION = 1
 
 T = TypeVar("T")
 
+#: Field metadata of an optional field added after snapshots were recorded without it: left out
+#: of the JSON while it holds its default, so a recorded snapshot reads and writes back byte for
+#: byte (and SCHEMA_VERSION stays).
+LATER = {"omit_default": True}
+
 
 @dataclass(frozen=True)
 class RemappedRows:
@@ -80,18 +85,73 @@ class NvmlFacts:
 
 
 @dataclass(frozen=True)
-class CudaFacts:
-    """Result of cuInit(0) in a child process."""
+class CudaGpuInit:
+    """One GPU's own CUDA child (per-GPU mode): CUDA_VISIBLE_DEVICES names that GPU alone, then
+    cuInit, cuDeviceGet(0) and its primary context retained and released."""
 
-    #: CUresult; None when the child never reported (timeout, libcuda missing).
+    #: Its place in the driver's bus-ordered GPU list (nvidia-smi's index when every GPU is
+    #: visible here); None when the caller's CUDA_VISIBLE_DEVICES entry is not a number.
+    index: int | None = None
+    #: What CUDA_VISIBLE_DEVICES was in the child: the GPU's UUID, an index, or an entry of the
+    #: caller's own CUDA_VISIBLE_DEVICES.
+    visible: str = ""
+    #: The GPU meant, from /proc/driver/nvidia/gpus (sysfs form, lower case); else CUDA's.
+    pci_bus_id: str | None = None
+    #: Its /dev/nvidiaN (the driver's minor: usually, not always, the index).
+    minor: int | None = None
+    #: The GPU CUDA opened (cuDeviceGetPCIBusId), when the child got that far.
+    cuda_bus_id: str | None = None
+    #: CUresult of the first call that failed, 0 when all succeeded; None when none returned.
     code: int | None = None
     name: str | None = None
+    #: The call that returned `code`, when it failed (cuInit, cuDeviceGet, ...).
+    step: str | None = None
+    #: Wall time of the child, from its start.
+    duration_s: float | None = None
+    #: Inside the child: cuInit, and retaining plus releasing the primary context.
+    cuinit_s: float | None = None
+    context_s: float | None = None
+    timed_out: bool = False
+    #: Why there is no code (libcuda missing, the child died, the driver excludes the GPU).
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0
+
+    @property
+    def label(self) -> str:
+        """'GPU3 0000:61:00.0', as the other gpu.* checks name a GPU."""
+        who = f"GPU{self.index}" if self.index is not None else f"GPU {self.visible!r}"
+        return f"{who} {self.pci_bus_id}" if self.pci_bus_id else who
+
+
+@dataclass(frozen=True)
+class CudaFacts:
+    """Result of cuInit(0) in a child process (mode "all"), or of one child per GPU (mode
+    "per-gpu": `gpus` holds each; the fields above it sum them up)."""
+
+    #: CUresult; None when the child never reported (timeout, libcuda missing). Per GPU: 0 when
+    #: every GPU passed, else the first failing GPU's.
+    code: int | None = None
+    name: str | None = None
+    #: Per GPU: how many passed (None when none did).
     device_count: int | None = None
     driver_version: int | None = None
     duration_s: float | None = None
+    #: Per GPU: every child timed out.
     timed_out: bool = False
     #: Why there is no code, e.g. "libcuda.so.1 not found".
     error: str | None = None
+    #: "per-gpu" or "all" (None: recorded before per-GPU mode existed, which is "all").
+    mode: str | None = field(default=None, metadata=LATER)
+    gpus: tuple[CudaGpuInit, ...] = field(default=(), metadata=LATER)
+    #: Why per-GPU mode was asked for but one all-GPU child ran (no GPU listed before cuInit).
+    note: str | None = field(default=None, metadata=LATER)
+
+    @property
+    def failing(self) -> tuple[CudaGpuInit, ...]:
+        return tuple(g for g in self.gpus if not g.ok)
 
 
 @dataclass(frozen=True)
@@ -452,7 +512,11 @@ class FactsFormatError(ValueError):
 
 def to_jsonable(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {
+            f.name: to_jsonable(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if not (f.metadata.get("omit_default") and getattr(obj, f.name) == f.default)
+        }
     if isinstance(obj, tuple | list):
         return [to_jsonable(v) for v in obj]
     if isinstance(obj, dict):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ct200_tools.checks import dev, server
 from ct200_tools.checks.base import Context
+from ct200_tools.checks.gpu import node_problems_of
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,37 @@ def _nvml_opens(path: str) -> bool:
 
 
 def _cuda_returned_error(ctx: Context) -> bool:
-    """cuInit ran and failed (libcuda loaded, no timeout): a node problem can explain it."""
+    """cuInit ran and failed (libcuda loaded, no timeout): a node problem can explain it. Per
+    GPU: every GPU's child did so (a fault shared by all GPUs cannot explain some failing)."""
     c = ctx.facts.cuda
+    if c is not None and c.gpus:
+        return all(g.code not in (None, 0) and not g.timed_out for g in c.gpus)
     return c is not None and c.code not in (None, 0) and not c.timed_out
+
+
+def _cuda_nodes(kinds: tuple[str, ...]) -> Callable[[Context], bool]:
+    """cuInit failed and a node problem of these kinds explains it. Per GPU: every failing
+    GPU is explained, by its own /dev/nvidiaN or by a node all GPUs need when all fail (see
+    gpu.node_problems_of); a GPU failing beside healthy ones with a sound node is no node's."""
+
+    def holds(ctx: Context) -> bool:
+        c = ctx.facts.cuda
+        if c is None or not c.gpus:
+            return _cuda_returned_error(ctx) and _nodes(kinds)(ctx)
+        prs = node_problems_of(ctx, c.failing)
+        return prs is not None and any(pr.kind in kinds for pr in prs)
+
+    return holds
+
+
+def _cuda_short_by_failed_gpus(ctx: Context) -> bool:
+    """Per GPU: CUDA counts fewer GPUs than the spec only because some GPUs' children failed;
+    NVML (or the PCI bus) sees as many as the spec."""
+    c, f = ctx.facts.cuda, ctx.facts
+    if c is None or not c.failing or ctx.spec is None:
+        return False
+    seen = len(f.nvml.gpus) if f.nvml is not None else len(f.pci) if f.pci is not None else None
+    return seen == ctx.spec.gpus.count
 
 
 def _nvml_failed_on_nodes(ctx: Context) -> bool:
@@ -89,6 +118,8 @@ def _versions_differ(ctx: Context) -> bool:
     return bool(module and user) and module != user
 
 
+#: How a node problem explains per-GPU results (gpu.node_problems_of).
+_PER_GPU = "per GPU: the failing GPU's own /dev/nvidiaN, or a node every GPU needs when all fail"
 _MISSING = ("missing", "not_char")
 _STALE = ("wrong_major",)
 _OPEN = dev.OPEN_FAILURES
@@ -118,8 +149,8 @@ CAUSES: tuple[Cause, ...] = (
     Cause(
         "gpu.cuda_init",
         "dev.nodes",
-        "cuInit returned an error and a node it opens is missing",
-        _both(_cuda_returned_error, _nodes(_MISSING)),
+        f"cuInit returned an error and a node it opens is missing ({_PER_GPU})",
+        _cuda_nodes(_MISSING),
     ),
     Cause(
         "driver.nvml",
@@ -130,8 +161,8 @@ CAUSES: tuple[Cause, ...] = (
     Cause(
         "gpu.cuda_init",
         "dev.majors",
-        "cuInit returned an error and a node it opens has a stale major",
-        _both(_cuda_returned_error, _nodes(_STALE)),
+        f"cuInit returned an error and a node it opens has a stale major ({_PER_GPU})",
+        _cuda_nodes(_STALE),
     ),
     Cause(
         "driver.nvml",
@@ -143,8 +174,9 @@ CAUSES: tuple[Cause, ...] = (
         "gpu.cuda_init",
         "dev.open",
         "cuInit returned an error and a node it opens cannot be opened (EPERM: the device "
-        "cgroup denies it; EACCES; ENXIO)",
-        _both(_cuda_returned_error, _nodes(_OPEN)),
+        f"cgroup denies it; EACCES; ENXIO) ({_PER_GPU}: a cgroup denying every GPU is one "
+        "root cause, not one per GPU)",
+        _cuda_nodes(_OPEN),
     ),
     Cause(
         "driver.nvml",
@@ -158,6 +190,13 @@ CAUSES: tuple[Cause, ...] = (
         "driver.versions",
         "cuInit returned an error and the userspace driver is not the kernel module's version",
         _both(_cuda_returned_error, _versions_differ),
+    ),
+    Cause(
+        "gpu.count",
+        "gpu.cuda_init",
+        "CUDA counts fewer GPUs only because some GPUs' own CUDA children failed (NVML sees "
+        "as many as the spec)",
+        _cuda_short_by_failed_gpus,
     ),
 )
 

@@ -3,6 +3,10 @@ capability, persistence, memory health, clocks."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+from collections.abc import Sequence
+
 from ct200_tools.checks import dev
 from ct200_tools.checks.base import (
     Context,
@@ -15,8 +19,10 @@ from ct200_tools.checks.base import (
     skipped,
 )
 from ct200_tools.checks.driver import MODULE_FIX
-from ct200_tools.facts import GpuFacts
+from ct200_tools.facts import CudaFacts, CudaGpuInit, GpuFacts
 
+#: One GPU's own node (not /dev/nvidiactl or /dev/nvidia-uvm, which every GPU needs).
+_GPU_NODE = re.compile(r"^/dev/nvidia\d+$")
 #: sysfs link speed -> PCIe generation.
 SPEED_GEN = {"2.5": 1, "5.0": 2, "8.0": 3, "16.0": 4, "32.0": 5, "64.0": 6}
 #: nvmlClocksEventReason bits that mean the GPU is being held back by hardware or heat.
@@ -62,39 +68,59 @@ def _no_nvml(ctx: Context) -> Outcome:
     tags=(*dev.TAGS,),
 )
 def check_cuda_init(ctx: Context) -> Outcome:
-    """cuInit(0) returns CUDA_SUCCESS in a child process within the timeout. nvidia-smi can
-    work while this fails (999 CUDA_ERROR_UNKNOWN when /dev/nvidia-uvm is denied); the finding
-    names the node, errno and the exact host config line that fixes it."""
+    """CUDA starts on every GPU within the timeout: by default one child per GPU, side by side,
+    each with CUDA_VISIBLE_DEVICES naming its GPU alone, calls cuInit and retains and releases
+    the GPU's primary context (with --cuda-init all, one cuInit(0) over every GPU). nvidia-smi
+    can work while this fails (999 CUDA_ERROR_UNKNOWN when /dev/nvidia-uvm is denied); the
+    finding names the node, errno and the exact host config line that fixes it. When some GPUs
+    fail while the others start and their device nodes are fine, it names each failing GPU with
+    its bus id: the GPU itself (Xid in the host's kernel log: fallen off the bus, memory
+    errors) is at fault, and the fix is a reset or a reseat on the host."""
     c = ctx.facts.cuda
     if c is None:
         return skipped("CUDA was not probed", ctx.unreadable("cuda") or "")
+    if c.gpus:
+        return _per_gpu(ctx, c)
     if c.code == 0:
         return passed(
             f"cuInit ok, {plural(c.device_count or 0, 'device')}, in {c.duration_s or 0:.2f} s"
         )
-    if c.timed_out:
+    return _cuda_failed(ctx, c.code, c.name, c.timed_out, c.error)
+
+
+def _cuda_failed(
+    ctx: Context,
+    code: int | None,
+    name: str | None,
+    timed_out: bool,
+    error: str | None,
+    step: str = "cuInit",
+    on: str = "",
+) -> Outcome:
+    """Why CUDA does not start at all (one cuInit, or every GPU's child alike)."""
+    if timed_out:
         return failed(
-            c.error or "cuInit timed out",
+            error or "cuInit timed out",
             Remedy(
                 "look for a hung GPU or driver on the host", "host", "dmesg | grep -E 'NVRM|Xid'"
             ),
         )
     module_loaded = bool(ctx.facts.kernel and ctx.facts.kernel.nvidia_module_version)
-    if c.code is None and not module_loaded:
+    if code is None and not module_loaded:
         return failed(
-            f"CUDA unavailable: {_libcuda_error(c.error)}; the NVIDIA kernel module is not loaded",
+            f"CUDA unavailable: {_libcuda_error(error)}; the NVIDIA kernel module is not loaded",
             MODULE_FIX,
         )
-    if c.code is None:
+    if code is None:
         return failed(
-            f"CUDA unavailable: {_libcuda_error(c.error)}",
+            f"CUDA unavailable: {_libcuda_error(error)}",
             Remedy(
                 "install the NVIDIA userspace driver (libcuda.so.1) matching the kernel module",
                 "container" if ctx.in_container else "this machine",
                 "sh NVIDIA-Linux-x86_64-<version>.run --no-kernel-module --silent",
             ),
         )
-    head = f"cuInit returned {c.code} {c.name or ''}".strip()
+    head = f"{step} returned {code} {name or ''}".strip() + on
     if not module_loaded:
         return failed(f"{head}: the NVIDIA kernel module is not loaded", MODULE_FIX)
     node_problems = dev.problems(ctx)
@@ -116,6 +142,114 @@ def check_cuda_init(ctx: Context) -> Outcome:
         Remedy(
             "read the host's kernel log for NVRM/Xid errors", "host", "dmesg | grep -E 'NVRM|Xid'"
         ),
+    )
+
+
+def gpu_node(g: CudaGpuInit) -> str | None:
+    """The /dev/nvidiaN a GPU's child opens: its minor, else its index."""
+    n = g.minor if g.minor is not None else g.index
+    return f"/dev/nvidia{n}" if n is not None else None
+
+
+def node_problems_of(ctx: Context, failing: Sequence[CudaGpuInit]) -> list[dev.NodeProblem] | None:
+    """The device-node problems that explain every failing GPU's child, or None when some
+    failure has none: a GPU's own /dev/nvidiaN, or a node every GPU needs (/dev/nvidiactl,
+    /dev/nvidia-uvm) when every GPU failed. A child that hung is never explained by a node (a
+    denied or missing node fails at once)."""
+    c = ctx.facts.cuda
+    if c is None or not failing or any(g.timed_out for g in failing):
+        return None
+    shared: list[dev.NodeProblem] = []
+    if len(failing) == len(c.gpus):
+        shared = [pr for pr in dev.problems(ctx) if not _GPU_NODE.match(pr.path)]
+    found = list(shared)
+    for g in failing:
+        path = gpu_node(g)
+        own = dev.problems(ctx, [path]) if path else []
+        if not (own or shared):
+            return None
+        found += [pr for pr in own if pr not in found]
+    return found
+
+
+def _failure(g: CudaGpuInit) -> str:
+    if g.code is not None:
+        return f"{g.step or 'cuInit'} returned {g.code} {g.name or ''}".strip()
+    return g.error or "no result"
+
+
+def _gpu_line(g: CudaGpuInit) -> str:
+    if not g.ok:
+        return f"{g.label}: {_failure(g)}"
+    line = f"{g.label}: context ok"
+    if g.duration_s is not None:
+        line += f" in {g.duration_s:.2f} s"
+    if g.cuinit_s is not None and g.context_s is not None:
+        line += f" (cuInit {g.cuinit_s:.2f} s, context {g.context_s:.2f} s)"
+    if g.cuda_bus_id and g.pci_bus_id and g.cuda_bus_id != g.pci_bus_id:
+        line += f"; CUDA opened {g.cuda_bus_id}"
+    return line
+
+
+def _uniform(gpus: Sequence[CudaGpuInit]) -> bool:
+    return len({(g.code, g.step, g.timed_out, g.error) for g in gpus}) == 1
+
+
+def _per_gpu(ctx: Context, c: CudaFacts) -> Outcome:
+    lines = [_gpu_line(g) for g in c.gpus]
+    bad = c.failing
+    n = len(c.gpus)
+    if not bad:
+        return passed(
+            f"a CUDA context on each of {plural(n, 'GPU')} (one child per GPU) in "
+            f"{c.duration_s or 0:.2f} s",
+            *lines,
+        )
+    if len(bad) == n and _uniform(bad):
+        g = bad[0]
+        on = " on every GPU" if n > 1 else ""
+        out = _cuda_failed(ctx, g.code, g.name, g.timed_out, g.error, g.step or "cuInit", on)
+        if g.timed_out:
+            who = g.label if n == 1 else "every GPU"
+            out = dataclasses.replace(out, summary=f"{who}: {g.error}")
+        return dataclasses.replace(out, evidence=(*out.evidence, *lines))
+    prs = node_problems_of(ctx, bad)
+    if prs:
+        return failed(
+            f"{bad[0].label}: {_failure(bad[0])}: {prs[0].message}",
+            dev.remedy_for(ctx, prs),
+            *[pr.message for pr in prs],
+            *lines,
+        )
+    # Name the GPUs no node explains (a GPU whose own node is broken is dev.*'s, a root of
+    # its own in the same report).
+    lost = [g for g in bad if g.timed_out or not node_problems_of(ctx, [g])] or list(bad)
+    return failed(_gpu_summary(ctx, lost, n - len(bad)), _gpu_fix(ctx, lost), *lines)
+
+
+def _gpu_summary(ctx: Context, bad: Sequence[CudaGpuInit], started: int) -> str:
+    what = "; ".join(f"{g.label}: {_failure(g)}" for g in bad)
+    tail = f", while {plural(started, 'other GPU')} started" if started else ""
+    nodes = [p for g in bad if (p := gpu_node(g))]
+    if nodes and ctx.facts.devices is not None and not dev.problems(ctx, nodes):
+        which = nodes[0] if len(nodes) == 1 else ", ".join(nodes)
+        return (
+            f"{what}{tail}; {which} open{'s' if len(nodes) == 1 else ''} fine, so the GPU "
+            "itself (or the driver's state of it) is at fault"
+        )
+    return f"{what}{tail}"
+
+
+def _gpu_fix(ctx: Context, bad: Sequence[CudaGpuInit]) -> Remedy:
+    buses = [g.pci_bus_id or g.label for g in bad]
+    first = buses[0]
+    return Remedy(
+        f"find the Xid errors of {', '.join(buses)} in the host's kernel log (Xid 79: fallen "
+        "off the bus; 94/95: uncorrectable memory errors); reset the GPU while nothing uses it "
+        f"(nvidia-smi -r -i {first}) and, if the reset fails, power-cycle the host and reseat "
+        "the card",
+        ctx.host_where,
+        "dmesg -T | grep -E 'NVRM|Xid'",
     )
 
 

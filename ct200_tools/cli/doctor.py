@@ -7,9 +7,9 @@ import os
 import sys
 import tempfile
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 
@@ -36,6 +36,8 @@ from ct200_tools.report import (
 )
 from ct200_tools.scope import Scope, UnknownServerError
 from ct200_tools.spec import SiteSpec, SpecError, find_spec, load_spec
+from ct200_tools.warmup import DEFAULT_MODE as DEFAULT_CUDA_MODE
+from ct200_tools.warmup import MODES as CUDA_MODES
 
 EPILOG = """\b
 Examples:
@@ -43,6 +45,7 @@ Examples:
   ct200-doctor check --spec inventory/ct200 --only dev --only gpu.cuda_init
   ct200-doctor check --json | jq '.checks[] | select(.status=="fail")'
   ct200-doctor check --textfile /var/lib/node_exporter/textfile/ct200.prom
+  ct200-doctor check --cuda-init all        one cuInit over every GPU (the default: one per GPU)
   ct200-doctor snapshot > facts.json       on the sick machine; then anywhere:
   ct200-doctor check --facts facts.json --spec site.yml
   ct200-doctor validate inventory/ct200
@@ -66,6 +69,18 @@ QUICK_TIMEOUT_S = 10.0
 DEEP_TIMEOUT_S = 3600.0
 #: A day: past it a "timeout" is a typo, and inf overflows the thread joins.
 MAX_TIMEOUT_S = 86400.0
+
+
+def cuda_init_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--cuda-init per-gpu|all: how the CUDA probe initialises (see ct200_tools/warmup.py, which
+    reads the same option before the doctor is imported, to start the children first)."""
+    return click.option(
+        "--cuda-init",
+        "cuda_init",
+        type=click.Choice(CUDA_MODES),
+        help=f"per-gpu: one CUDA child per GPU, side by side, naming a failing GPU; all: one "
+        f"cuInit over every GPU [default: {DEFAULT_CUDA_MODE}]. Not with --facts.",
+    )(fn)
 
 
 class DoctorError(Exception):
@@ -213,6 +228,7 @@ def cli() -> None:
     help=f"Seconds each probe (and cuInit) may take [default: {QUICK_TIMEOUT_S:g}]. "
     "Not with --facts.",
 )
+@cuda_init_option
 def check(
     spec_path: str | None,
     facts_path: Path | None,
@@ -226,6 +242,7 @@ def check(
     strict: bool,
     deep: bool,
     timeout: float | None,
+    cuda_init: str | None,
 ) -> None:
     """Probe this machine (or read --facts) and judge it against the site spec."""
     if as_json and prometheus:
@@ -233,11 +250,17 @@ def check(
             "--json and --prometheus both choose what is printed: give one "
             "(--textfile writes the Prometheus textfile beside either)"
         )
-    if facts_path is not None and (deep or timeout is not None):
-        flag = "--deep" if deep else "--timeout"
+    if facts_path is not None and (deep or timeout is not None or cuda_init is not None):
+        flag, arg = (
+            ("--deep", "")
+            if deep
+            else ("--timeout", " SECONDS")
+            if timeout is not None
+            else ("--cuda-init", f" {cuda_init}")
+        )
         raise click.UsageError(
             f"{flag} changes how this machine is probed, and --facts probes nothing: take "
-            f"the snapshot with `ct200-doctor snapshot {flag}{'' if deep else ' SECONDS'}`"
+            f"the snapshot with `ct200-doctor snapshot {flag}{arg}`"
         )
     try:
         selected = select(_split(only), _split(skip))
@@ -254,7 +277,11 @@ def check(
                 f"server {server} has no GPUs, and the checks selected are all about GPUs: "
                 "nothing to check"
             )
-    facts = _read_facts(facts_path) if facts_path else _probe(spec, timeout, deep, scope)
+    facts = (
+        _read_facts(facts_path)
+        if facts_path
+        else _probe(spec, timeout, deep, scope, cuda_init=cuda_init)
+    )
     findings = run_checks(facts, spec, selected, scope)
     code = exit_code(findings, strict)
     head = Header(facts, source, tuple(str(w) for w in spec.warnings) if spec else ())
@@ -319,12 +346,15 @@ def gate(name: str, spec_path: str | None, timeout: float | None) -> None:
     callback=_seconds,
     help=f"Seconds per probe [default: {QUICK_TIMEOUT_S:g}].",
 )
-def snapshot(spec_path: str | None, deep: bool, timeout: float | None) -> None:
+@cuda_init_option
+def snapshot(
+    spec_path: str | None, deep: bool, timeout: float | None, cuda_init: str | None
+) -> None:
     """Print this machine's facts as JSON, to judge elsewhere with `check --facts`."""
     from ct200_tools.facts import dumps  # noqa: PLC0415
 
     spec, _ = _load_spec(spec_path)
-    _emit(dumps(_probe(spec, timeout, deep)))
+    _emit(dumps(_probe(spec, timeout, deep, cuda_init=cuda_init)))
     _exit(Exit.OK)
 
 
@@ -378,12 +408,20 @@ def _probe(
     deep: bool = False,
     scope: Scope | None = None,
     only: set[str] | None = None,
+    cuda_init: str | None = None,
 ) -> Facts:
     from ct200_tools.probes import collect  # noqa: PLC0415
 
     if timeout is None:
         timeout = DEEP_TIMEOUT_S if deep else QUICK_TIMEOUT_S
-    return collect(spec=spec, timeout_s=timeout, deep=deep, scope=scope, only=only)
+    return collect(
+        spec=spec,
+        timeout_s=timeout,
+        deep=deep,
+        scope=scope,
+        only=only,
+        cuda_mode=cuda_init or DEFAULT_CUDA_MODE,
+    )
 
 
 def _read_facts(path: Path) -> Facts:

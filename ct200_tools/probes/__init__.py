@@ -1,7 +1,8 @@
 """Probes read the machine into Facts. They judge nothing.
 
-All probes run at once: the CUDA child process starts first (it is the slowest, ~0.3 s on an
-H200), the others run in threads beside it, each with a deadline that names it when missed.
+All probes run at once: the CUDA children start first (the slowest: ~0.3 s per H200 for one
+cuInit over every GPU; per-GPU mode runs one child per GPU side by side), the others run in
+threads beside them, each with a deadline that names it when missed.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import datetime as dt
 import socket
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from ct200_tools.probes.pci import probe_pci
 from ct200_tools.probes.serving import probe_serving
 from ct200_tools.scope import Scope
 from ct200_tools.spec import ModelSpec, SiteSpec
+from ct200_tools.warmup import DEFAULT_MODE as DEFAULT_CUDA_MODE
 
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -122,15 +124,19 @@ def collect(
     deep: bool = False,
     scope: Scope | None = None,
     only: Collection[str] | None = None,
+    cuda_mode: str = DEFAULT_CUDA_MODE,
+    cuda_gpus: Sequence[int] | None = None,
 ) -> Facts:
     """Run every probe (or those named in `only`) in parallel; a probe past its deadline is
-    recorded as timed out. With a scope, cuInit sees only the scope's GPUs and the servers probe
-    reads only its server."""
+    recorded as timed out. With a scope, CUDA is initialised on the scope's GPUs only and the
+    servers probe reads only its server. cuda_mode: "per-gpu" (one CUDA child per GPU) or "all"
+    (one cuInit over every GPU); cuda_gpus: only these GPUs (nvidia-smi's indices), not all."""
     r = reader or Reader(root=root or Path("/"), deep=deep)
     t0 = time.monotonic()
     cuda = cuda and (only is None or "cuda" in only)
-    visible = scope.cuda_visible_devices if scope is not None else None
-    child = CudaChild(timeout_s, visible) if cuda else None
+    if scope is not None and cuda_gpus is None:
+        cuda_gpus = scope.gpus
+    child = CudaChild(timeout_s, cuda_mode, r.root, cuda_gpus) if cuda else None
     for p in PROBES:
         if only is not None and p.name not in only:
             r.note(p.name, NOT_NEEDED)

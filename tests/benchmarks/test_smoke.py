@@ -108,8 +108,9 @@ def test_gate_benchmark(tmp_path: Path) -> None:
 
 
 def test_doctor_benchmark(tmp_path: Path) -> None:
-    """benchmarks/doctor/run.py: the doctor against its cuInit floor, two rounds. Without a GPU
-    (here) it times the doctor alone and says so; it fails if the doctor broke."""
+    """benchmarks/doctor/run.py: the doctor in both CUDA modes against bare cuInit (all GPUs
+    and one) and nvidia-smi -q, two rounds. Without a GPU (here) it times the doctor alone and
+    says so; it fails if the doctor broke."""
     proc = run(
         [
             sys.executable,
@@ -124,16 +125,25 @@ def test_doctor_benchmark(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "doctor.json").read_text())
-    rows = {r["command"]: r for r in report["rows"]}
-    assert rows["ct200-doctor check"]["median_s"] > 0
+    assert report["schema_version"] == 2
+    doctors = ("ct200-doctor check", "ct200-doctor check --cuda-init all")
+    for k in report["gpu_counts"] or [None]:
+        rows = {r["command"]: r for r in report["rows"] if r["gpus"] == k}
+        for name in doctors:
+            assert rows[name]["median_s"] > 0, rows
+        if report["gpu"]:
+            assert rows["bare cuInit, one GPU"]["vs_cuinit_one_gpu"] == 1.0
+            assert rows["bare cuInit, all k GPUs"]["vs_cuinit_all_gpus"] == 1.0
+            assert rows["bare cuInit+context, one proc per GPU"]["median_s"] > 0
+            assert len(report["cuda_children"][str(k)]) == k
+        else:
+            assert set(rows) == set(doctors)
+            assert all(r["vs_cuinit_one_gpu"] is None for r in rows.values())
     assert set(report["doctor_exit_codes"]) <= {0, 1, 2}
     assert {p["name"] for p in report["probes"]} >= {"cuda", "nvml", "pci", "devices"}
     text = (tmp_path / "doctor.txt").read_text()
-    if report["gpu"]:
-        assert rows["bare cuInit (python -c ctypes)"]["vs_cuinit"] == 1.0
-    else:
-        assert set(rows) == {"ct200-doctor check"}
-        assert rows["ct200-doctor check"]["vs_cuinit"] is None
+    if not report["gpu"]:
+        assert report["gpu_counts"] == [] and report["goal"] == {}
         assert "no GPU here" in text and "no GPU here" in proc.stderr
         assert "Traceback" not in proc.stderr
 

@@ -1,8 +1,8 @@
 """Inject real device-access faults for the GPU tests, the way the incident happened.
 
 - run_denied: a cgroup-v2 BPF device program (what LXC attaches for lxc.cgroup2.devices.allow)
-  that denies one character major (nvidia-uvm's, or 195: nvidiactl and every GPU node); the
-  child runs inside that new cgroup, which alone carries the program.
+  that denies one character major (nvidia-uvm's, or 195: nvidiactl and every GPU node), or one
+  node of it (195:N, one GPU); the child runs inside that new cgroup, which alone carries it.
 - replace_node: a private mount namespace where another node is bind-mounted over a device
   node (a stale node whose major no longer matches /proc/devices).
 Linux, root and x86_64 only; stdlib + ctypes, so it runs where nothing can be installed.
@@ -37,15 +37,29 @@ def _insn(code: int, dst: int, src: int, off: int, imm: int) -> bytes:
     return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
 
 
-def device_program(deny_major: int) -> bytes:
-    """r2 = ctx->major; if r2 == deny_major return 0 (deny); return 1 (allow)."""
+def device_program(deny_major: int, deny_minor: int | None = None) -> bytes:
+    """r2 = ctx->major; if r2 == deny_major return 0 (deny); return 1 (allow). With a minor,
+    only that one node of the major is denied (one GPU's /dev/nvidiaN)."""
+    if deny_minor is None:
+        return b"".join(
+            [
+                _insn(0x61, 2, 1, 4, 0),  # ldxw r2, [r1 + 4]  (struct bpf_cgroup_dev_ctx.major)
+                _insn(0x15, 2, 0, 2, deny_major),  # jeq r2, imm, +2
+                _insn(0xB7, 0, 0, 0, 1),  # mov r0, 1
+                _insn(0x95, 0, 0, 0, 0),  # exit
+                _insn(0xB7, 0, 0, 0, 0),  # mov r0, 0
+                _insn(0x95, 0, 0, 0, 0),  # exit
+            ]
+        )
     return b"".join(
         [
-            _insn(0x61, 2, 1, 4, 0),  # ldxw r2, [r1 + 4]   (struct bpf_cgroup_dev_ctx.major)
-            _insn(0x15, 2, 0, 2, deny_major),  # jeq r2, imm, +2
-            _insn(0xB7, 0, 0, 0, 1),  # mov r0, 1
+            _insn(0x61, 2, 1, 4, 0),  # ldxw r2, [r1 + 4]   (major)
+            _insn(0x55, 2, 0, 4, deny_major),  # jne r2, imm, +4  (to allow)
+            _insn(0x61, 3, 1, 8, 0),  # ldxw r3, [r1 + 8]   (minor)
+            _insn(0x55, 3, 0, 2, deny_minor),  # jne r3, imm, +2  (to allow)
+            _insn(0xB7, 0, 0, 0, 0),  # mov r0, 0  (deny)
             _insn(0x95, 0, 0, 0, 0),  # exit
-            _insn(0xB7, 0, 0, 0, 0),  # mov r0, 0
+            _insn(0xB7, 0, 0, 0, 1),  # allow: mov r0, 1
             _insn(0x95, 0, 0, 0, 0),  # exit
         ]
     )
@@ -60,8 +74,8 @@ def _bpf(cmd: int, attr: bytes) -> int:
     return int(ret)
 
 
-def load_device_program(deny_major: int) -> int:
-    prog = device_program(deny_major)
+def load_device_program(deny_major: int, deny_minor: int | None = None) -> int:
+    prog = device_program(deny_major, deny_minor)
     insns = ctypes.create_string_buffer(prog, len(prog))
     license_ = ctypes.create_string_buffer(b"GPL")
     attr = struct.pack(
@@ -87,8 +101,10 @@ def run_denied(
     deny_major: int,
     cgroup_root: str | None = None,
     timeout: float = 120,
+    deny_minor: int | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run argv in a fresh child cgroup whose device program denies `deny_major`.
+    """Run argv in a fresh child cgroup whose device program denies `deny_major` (only its
+    `deny_minor` node when given).
 
     Only that new cgroup is affected: the program is attached to it alone (never to the root
     or the test's own cgroup), so denying even c 195:* leaves the machine's GPU usable; and
@@ -97,10 +113,11 @@ def run_denied(
     root = Path(cgroup_root) if cgroup_root else cgroup2_root()
     if not (root / "cgroup.controllers").exists():
         raise OSError(f"{root} is not a cgroup v2 hierarchy")
-    cg = root / f"ct200-fault-{os.getpid()}-{deny_major}"
+    node = f"{deny_major}" if deny_minor is None else f"{deny_major}-{deny_minor}"
+    cg = root / f"ct200-fault-{os.getpid()}-{node}"
     cg.mkdir()
     try:
-        prog_fd = load_device_program(deny_major)
+        prog_fd = load_device_program(deny_major, deny_minor)
         cg_fd = os.open(cg, os.O_RDONLY | os.O_DIRECTORY)
         try:
             _bpf(

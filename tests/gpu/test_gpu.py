@@ -18,11 +18,24 @@ from tests.gpu import faults, nvsmi
 pytestmark = pytest.mark.gpu
 
 CUINIT = "import ctypes; print(ctypes.CDLL('libcuda.so.1').cuInit(0))"
+#: cuInit, then the primary context of device 0 (as the per-GPU child): the first error, or 0.
+CONTEXT = (
+    "import ctypes as c; d = c.CDLL('libcuda.so.1'); r = d.cuInit(0); v = c.c_int(); "
+    "r = r or d.cuDeviceGet(c.byref(v), 0); x = c.c_void_p(); "
+    "r = r or d.cuDevicePrimaryCtxRetain(c.byref(x), v); "
+    "r = r or d.cuDevicePrimaryCtxRelease_v2(v); print(r)"
+)
 
 
 @pytest.fixture(scope="module")
 def facts() -> Facts:
     return collect()
+
+
+@pytest.fixture(params=["per-gpu", "all"])
+def mode(request: pytest.FixtureRequest) -> str:
+    """The CUDA probe's mode (--cuda-init): the tests below hold in both."""
+    return str(request.param)
 
 
 def uvm_major() -> int:
@@ -32,6 +45,11 @@ def uvm_major() -> int:
 def nvidia_major() -> int:
     """195 on every driver so far: /dev/nvidiactl and each /dev/nvidiaN."""
     return parse_proc_devices(Path("/proc/devices").read_text())["nvidia"]
+
+
+def doctor(mode: str, *args: str) -> list[str]:
+    """The doctor's command line with the CUDA mode under test (--cuda-init per-gpu|all)."""
+    return faults.doctor_argv(*args, "--cuda-init", mode)
 
 
 def doctor_json(result: subprocess.CompletedProcess[str]) -> dict[str, dict[str, object]]:
@@ -92,15 +110,103 @@ def test_numa_node_matches_sysfs_and_nvidia_smi(facts: Facts) -> None:
             assert pci[g.pci_bus_id].numa_node == int(shown)
 
 
-def test_cuda_initialises(facts: Facts, smi_gpus: list[dict[str, str]]) -> None:
-    assert facts.cuda is not None
-    assert facts.cuda.code == 0, facts.cuda
-    assert facts.cuda.device_count == len(smi_gpus)
+def test_cuda_initialises(mode: str, smi_gpus: list[dict[str, str]]) -> None:
+    cuda = collect(cuda_mode=mode).cuda
+    assert cuda is not None
+    assert cuda.code == 0, cuda
+    assert cuda.device_count == len(smi_gpus)
+    assert cuda.mode == mode
 
 
-def test_healthy_machine_has_no_failure(machine_spec: Path) -> None:
+def test_per_gpu_children_are_nvidia_smis_gpus(smi_gpus: list[dict[str, str]]) -> None:
+    """One child per GPU, in nvidia-smi's order: each opened its own GPU (the bus id CUDA
+    reports is the one listed before cuInit), through its UUID, with a context."""
+    cuda = collect(cuda_mode="per-gpu").cuda
+    assert cuda is not None and cuda.mode == "per-gpu" and cuda.note is None, cuda
+    assert len(cuda.gpus) == len(smi_gpus)
+    for g, s in zip(cuda.gpus, smi_gpus, strict=True):
+        assert g.index == int(s["index"])
+        assert g.pci_bus_id == nvsmi_bus(s["pci.bus_id"]), (g, s)
+        assert g.cuda_bus_id == g.pci_bus_id, g
+        assert g.visible in (s["uuid"], s["index"]), g  # the UUID; the index where none shows
+        assert g.code == 0 and g.step is None and not g.timed_out, g
+        assert g.cuinit_s is not None and g.context_s is not None, g
+        assert g.minor is not None and Path(f"/dev/nvidia{g.minor}").exists(), g
+
+
+#: The fault policies of these tests, each as a runner of the doctor's command line.
+FAULTS = ("healthy", "uvm-denied", "c195-denied", "uvm-stale")
+
+
+def run_under(fault: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    if fault == "uvm-denied":
+        return faults.run_denied(argv, uvm_major())
+    if fault == "c195-denied":
+        return faults.run_denied(argv, nvidia_major())
+    if fault == "uvm-stale":
+        return faults.run_with_node_replaced(argv, "/dev/nvidia-uvm", "/dev/null")
+    return subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_per_gpu_and_all_gpu_modes_give_the_same_verdicts(fault: str, machine_spec: Path) -> None:
+    """Issue 13: under every fault policy, both CUDA modes judge alike: the same status, root
+    and fix for every check, the same exit code (a fault every GPU shares stays one root)."""
+    got = {}
+    for mode in ("per-gpu", "all"):
+        r = run_under(fault, doctor(mode, "check", "--json", "--spec", str(machine_spec)))
+        assert r.stdout, r.stderr
+        doc = json.loads(r.stdout)
+        got[mode] = (
+            r.returncode,
+            doc["root_causes"],
+            {c["id"]: (c["status"], c["caused_by"], c["remediation"]) for c in doc["checks"]},
+        )
+    assert got["per-gpu"] == got["all"]
+    assert got["all"][0] == (0 if fault == "healthy" else 2)
+
+
+def test_one_gpu_node_denied_is_that_gpu(
+    mode: str, machine_spec: Path, smi_gpus: list[dict[str, str]]
+) -> None:
+    """The cgroup denies one GPU's /dev/nvidiaN only (c 195:N; /dev/nvidiactl stays allowed):
+    dev.open is the root and names the node; per GPU, gpu.cuda_init names that GPU alone."""
+    last = smi_gpus[-1]
+    bus = nvsmi_bus(last["pci.bus_id"])
+    info = Path(f"/proc/driver/nvidia/gpus/{bus}/information").read_text()
+    minor = int(next(ln for ln in info.splitlines() if ln.startswith("Device Minor")).split()[-1])
+    node = f"/dev/nvidia{minor}"
+    major = nvidia_major()
+    # Ground truth: that GPU alone cannot start CUDA (cuInit, or its context) under the fault.
+    truth = faults.run_denied(
+        ["env", f"CUDA_VISIBLE_DEVICES={last['uuid']}", sys.executable, "-c", CONTEXT],
+        major,
+        deny_minor=minor,
+    )
+    assert truth.stdout.strip() not in ("", "0"), truth
+    r = faults.run_denied(
+        doctor(mode, "check", "--json", "--spec", str(machine_spec)), major, deny_minor=minor
+    )
+    assert r.returncode == 2, r.stderr
+    doc = json.loads(r.stdout)
+    checks = {c["id"]: c for c in doc["checks"]}
+    assert "dev.open" in doc["root_causes"], doc["root_causes"]
+    assert any(f"open({node}) = EPERM" in e for e in checks["dev.open"]["evidence"])
+    if mode == "all":
+        return  # one cuInit over every GPU cannot say which GPU: that is per-GPU mode's job
+    cuda = checks["gpu.cuda_init"]
+    assert cuda["status"] == "fail" and cuda["caused_by"] == "dev.open", cuda
+    assert f"denies c {major}:{minor} (nvidia)" in cuda["summary"], cuda
+    if len(smi_gpus) > 1:
+        assert cuda["summary"].startswith(f"GPU{last['index']} {bus}: "), cuda
+        others = [e for e in cuda["evidence"] if e.startswith("GPU") and bus not in e]
+        assert len(others) == len(smi_gpus) - 1
+        assert all(": context ok" in e for e in others), others
+
+
+def test_healthy_machine_has_no_failure(mode: str, machine_spec: Path) -> None:
     r = subprocess.run(
-        faults.doctor_argv("check", "--json", "--spec", str(machine_spec)),
+        doctor(mode, "check", "--json", "--spec", str(machine_spec)),
         capture_output=True,
         text=True,
         check=False,
@@ -125,12 +231,12 @@ def test_healthy_machine_has_no_failure(machine_spec: Path) -> None:
         assert checks[must_pass]["status"] == "pass", (must_pass, checks[must_pass])
 
 
-def test_cgroup_denying_uvm_is_diagnosed(machine_spec: Path, raw_lxc_spec: Path) -> None:
+def test_cgroup_denying_uvm_is_diagnosed(mode: str, machine_spec: Path, raw_lxc_spec: Path) -> None:
     major = uvm_major()
     # Ground truth first: the injected fault really breaks CUDA the way the incident did.
     truth = faults.run_denied([sys.executable, "-c", CUINIT], major)
     assert truth.stdout.strip() not in ("", "0"), truth
-    r = faults.run_denied(faults.doctor_argv("check", "--json", "--spec", str(machine_spec)), major)
+    r = faults.run_denied(doctor(mode, "check", "--json", "--spec", str(machine_spec)), major)
     assert r.returncode == 2, r.stderr
     checks = doctor_json(r)
     cuda = checks["gpu.cuda_init"]
@@ -148,7 +254,7 @@ def test_cgroup_denying_uvm_is_diagnosed(machine_spec: Path, raw_lxc_spec: Path)
     assert checks["dev.open"]["status"] == "fail"
     assert checks["dev.majors"]["status"] == "pass"  # the node is right; the cgroup is not
     raw = doctor_json(
-        faults.run_denied(faults.doctor_argv("check", "--json", "--spec", str(raw_lxc_spec)), major)
+        faults.run_denied(doctor(mode, "check", "--json", "--spec", str(raw_lxc_spec)), major)
     )
     raw_fix = raw["gpu.cuda_init"]["remediation"]
     assert isinstance(raw_fix, dict)
@@ -156,7 +262,7 @@ def test_cgroup_denying_uvm_is_diagnosed(machine_spec: Path, raw_lxc_spec: Path)
 
 
 def test_cgroup_denying_c195_is_one_root_cause_with_one_complete_fix(
-    machine_spec: Path, raw_lxc_spec: Path, smi_gpus: list[dict[str, str]]
+    mode: str, machine_spec: Path, raw_lxc_spec: Path, smi_gpus: list[dict[str, str]]
 ) -> None:
     """Issue 9: with c 195:* denied (nvidiactl and every GPU node), dev.open is the one root
     cause; cuInit and NVML failing are its consequences, carrying its fix, not leads of their
@@ -165,7 +271,7 @@ def test_cgroup_denying_c195_is_one_root_cause_with_one_complete_fix(
     major = nvidia_major()
     truth = faults.run_denied([sys.executable, "-c", CUINIT], major)
     assert truth.stdout.strip() not in ("", "0"), truth  # the fault really breaks CUDA
-    r = faults.run_denied(faults.doctor_argv("check", "--json", "--spec", str(machine_spec)), major)
+    r = faults.run_denied(doctor(mode, "check", "--json", "--spec", str(machine_spec)), major)
     assert r.returncode == 2, r.stderr
     doc = json.loads(r.stdout)
     checks = {c["id"]: c for c in doc["checks"]}
@@ -191,13 +297,13 @@ def test_cgroup_denying_c195_is_one_root_cause_with_one_complete_fix(
     for node in nodes:  # every denied node, numbered devK lines to paste once
         assert any(line.endswith(f": {node},mode=0666") for line in lines), (node, lines)
     assert [line.split(":")[0] for line in lines] == [f"dev{i}" for i in range(len(lines))]
-    text = faults.run_denied(faults.doctor_argv("check", "--spec", str(machine_spec)), major)
+    text = faults.run_denied(doctor(mode, "check", "--spec", str(machine_spec)), major)
     assert "1 root cause (" in text.stdout and "): dev.open" in text.stdout, text.stdout
     assert "(because of dev.open)" in text.stdout
     assert "read the host's kernel log" not in text.stdout  # the wrong lead of issue 9
     raw = json.loads(
         faults.run_denied(
-            faults.doctor_argv("check", "--json", "--spec", str(raw_lxc_spec)), major
+            doctor(mode, "check", "--json", "--spec", str(raw_lxc_spec)), major
         ).stdout
     )
     raw_fix = next(c for c in raw["checks"] if c["id"] == "dev.open")["remediation"]
@@ -209,14 +315,14 @@ def test_cgroup_denying_c195_is_one_root_cause_with_one_complete_fix(
     assert after.stdout.strip() == "0", after
 
 
-def test_stale_uvm_node_is_diagnosed(machine_spec: Path) -> None:
+def test_stale_uvm_node_is_diagnosed(mode: str, machine_spec: Path) -> None:
     major = uvm_major()
     truth = faults.run_with_node_replaced(
         [sys.executable, "-c", CUINIT], "/dev/nvidia-uvm", "/dev/null"
     )
     assert truth.stdout.strip() not in ("", "0"), truth
     r = faults.run_with_node_replaced(
-        faults.doctor_argv("check", "--json", "--spec", str(machine_spec)),
+        doctor(mode, "check", "--json", "--spec", str(machine_spec)),
         "/dev/nvidia-uvm",
         "/dev/null",
     )
@@ -229,9 +335,11 @@ def test_stale_uvm_node_is_diagnosed(machine_spec: Path) -> None:
     assert want in str(checks["gpu.cuda_init"]["summary"])
 
 
-def test_snapshot_judged_elsewhere_gives_same_findings(machine_spec: Path, tmp_path: Path) -> None:
+def test_snapshot_judged_elsewhere_gives_same_findings(
+    mode: str, machine_spec: Path, tmp_path: Path
+) -> None:
     snap = subprocess.run(
-        faults.doctor_argv("snapshot", "--spec", str(machine_spec)),
+        doctor(mode, "snapshot", "--spec", str(machine_spec)),
         capture_output=True,
         text=True,
         check=True,
@@ -241,7 +349,7 @@ def test_snapshot_judged_elsewhere_gives_same_findings(machine_spec: Path, tmp_p
     path.write_text(snap.stdout)
     live = doctor_json(
         subprocess.run(
-            faults.doctor_argv("check", "--json", "--spec", str(machine_spec)),
+            doctor(mode, "check", "--json", "--spec", str(machine_spec)),
             capture_output=True,
             text=True,
             check=False,

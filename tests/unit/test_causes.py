@@ -1,8 +1,9 @@
 """Root causes (checks/causes.py): one fault, one root, one fix.
 
 Judged on facts recorded on the real H200 (uvm denied, c 195 denied, stale uvm node, no
-driver), the CT200 cases derived from them, and faults derived here from the healthy
-recording with each edit spelled out (named `derived: ...`). Every rule of the table links in
+driver), the CT200 cases derived from them, their per-GPU versions (pergpu-*, derived by
+tests/fixtures/derive_per_gpu.py), and faults derived here from the healthy recording with each
+edit spelled out (named `derived: ...`). Every rule of the table links in
 at least one case, and the cases where a rule must not link are tested too.
 """
 
@@ -19,6 +20,7 @@ import pytest
 from ct200_tools.checks import run_checks
 from ct200_tools.checks.causes import CAUSES
 from ct200_tools.facts import CudaFacts, DevNode, Facts, loads
+from ct200_tools.probes.cuda import summarise
 from ct200_tools.report import Exit, Header, exit_code, render_text, root_causes
 from ct200_tools.spec import SiteSpec, load_spec
 from tests.unit import server_facts as sf
@@ -289,6 +291,80 @@ CASES = {
 }
 
 
+def uvm_tools_denied(f: Facts) -> Facts:
+    """derived: on top of a per-GPU fault of one GPU, the cgroup also denies
+    /dev/nvidia-uvm-tools (which cuInit does not open, so the other GPUs still start): two
+    faults, two roots; the node problem explains no single GPU failing beside healthy ones."""
+
+    def edit(n: DevNode) -> DevNode:
+        return dataclasses.replace(n, open_errno=1) if n.path == "/dev/nvidia-uvm-tools" else n
+
+    return _nodes(f, edit)
+
+
+def gpu5_node_missing(f: Facts) -> Facts:
+    """derived: on top of GPU3 fallen off the bus, /dev/nvidia5 is not passed through and GPU5's
+    child gets 100 CUDA_ERROR_NO_DEVICE (as derive_per_gpu.gpu_node_missing does for GPU3): two
+    faults, two roots; GPU5 is dev.nodes', GPU3 alone gpu.cuda_init's."""
+    assert f.cuda is not None
+    gpus = tuple(
+        dataclasses.replace(
+            g, code=100, name="CUDA_ERROR_NO_DEVICE", step="cuInit", cuda_bus_id=None
+        )
+        if g.index == 5
+        else g
+        for g in f.cuda.gpus
+    )
+    f = dataclasses.replace(f, cuda=summarise(gpus, f.cuda.driver_version))
+    return _nodes(f, _gone("/dev/nvidia5"))
+
+
+#: Per-GPU mode (tests/fixtures/derive_per_gpu.py): a fault every GPU shares is still ONE root
+#: cause with the same links as the one all-GPU cuInit, however many GPUs fail with it; a fault
+#: of one GPU is that GPU (or its own node).
+PER_GPU_CASES = {
+    f"pergpu-{name}": dataclasses.replace(CASES[name], facts=f"pergpu-{CASES[name].facts}")
+    for name in (
+        "h200-uvm-denied",
+        "h200x2-uvm-denied",
+        "h200-c195-denied",
+        "ct200-ct-c195-denied",
+        "h200-uvm-stale",
+        "h200x2-uvm-stale",
+        "ct200-ct-incident",
+    )
+}
+PER_GPU_CASES |= {
+    "pergpu-ct200-ct-gpu-lost": Case(
+        "pergpu-ct200-ct-gpu-lost", "ct200", ("gpu.cuda_init",), {"gpu.count": "gpu.cuda_init"}
+    ),
+    "pergpu-ct200-ct-gpu-hung": Case(
+        "pergpu-ct200-ct-gpu-hung", "ct200", ("gpu.cuda_init",), {"gpu.count": "gpu.cuda_init"}
+    ),
+    "pergpu-ct200-ct-gpu-node-missing": Case(
+        "pergpu-ct200-ct-gpu-node-missing",
+        "ct200",
+        ("dev.nodes",),
+        {"gpu.cuda_init": "dev.nodes", "gpu.count": "dev.nodes"},
+    ),
+    "derived-pergpu-gpu-lost-and-gpu5-node-missing": Case(
+        "pergpu-ct200-ct-gpu-lost",
+        "ct200",
+        ("dev.nodes", "gpu.cuda_init"),
+        {"gpu.count": "gpu.cuda_init"},
+        gpu5_node_missing,
+    ),
+    "derived-pergpu-gpu-lost-and-uvm-tools-denied": Case(
+        "pergpu-ct200-ct-gpu-lost",
+        "ct200",
+        ("dev.open", "gpu.cuda_init"),
+        {"gpu.count": "gpu.cuda_init"},
+        uvm_tools_denied,
+    ),
+}
+CASES |= PER_GPU_CASES
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_one_root_per_fault_and_the_roots_fix(name: str) -> None:
     case = CASES[name]
@@ -396,3 +472,36 @@ def test_text_puts_consequences_under_their_root() -> None:
 @pytest.fixture(scope="module")
 def ct200() -> SiteSpec:
     return spec("ct200")
+
+
+@pytest.mark.parametrize("name", [n for n in PER_GPU_CASES if n.removeprefix("pergpu-") in CASES])
+def test_per_gpu_and_all_gpu_modes_judge_a_shared_fault_alike(name: str) -> None:
+    """Every GPU failing with the same fault: the same statuses, links and fixes as the one
+    all-GPU cuInit, so eight failing GPUs are still one root cause with one fix."""
+    per_gpu, whole = CASES[name].run(), CASES[name.removeprefix("pergpu-")].run()
+    assert [(f.id, f.status, f.caused_by, f.remediation) for f in per_gpu] == [
+        (f.id, f.status, f.caused_by, f.remediation) for f in whole
+    ]
+    got = {f.id: f for f in per_gpu}
+    want = {f.id: f for f in whole}
+    assert got["gpu.cuda_init"].summary.startswith(want["gpu.cuda_init"].summary.split(":")[0])
+
+
+def test_ct200_c195_denied_per_gpu_is_one_root_not_eight() -> None:
+    findings = CASES["pergpu-ct200-ct-c195-denied"].run()
+    assert root_causes(findings) == ["dev.open"]
+    cuda = next(f for f in findings if f.id == "gpu.cuda_init")
+    assert cuda.summary.startswith("cuInit returned 100 CUDA_ERROR_NO_DEVICE on every GPU: ")
+    assert (
+        sum(1 for e in cuda.evidence if e.endswith("cuInit returned 100 CUDA_ERROR_NO_DEVICE")) == 8
+    )
+
+
+def test_two_gpus_failing_for_two_reasons_are_two_roots() -> None:
+    got = {f.id: f for f in CASES["derived-pergpu-gpu-lost-and-gpu5-node-missing"].run()}
+    cuda = got["gpu.cuda_init"]
+    assert cuda.summary.startswith(
+        "GPU3 0000:61:00.0: cuInit returned 999 CUDA_ERROR_UNKNOWN, while 6 other GPUs started;"
+    )
+    assert "GPU5" not in cuda.summary  # its own node explains it: dev.nodes names it
+    assert got["dev.nodes"].evidence[0] == "/dev/nvidia5 does not exist"

@@ -428,8 +428,17 @@ def test_textfile_target_refused_before_anything(tmp_path: Path, target: str, me
         (("--textfile=/tmp/a.prom", "--textfile", "/tmp/b.prom"), "--textfile given 2 times"),
         (("--deep",), "--deep changes how this machine is probed, and --facts probes nothing"),
         (("--timeout", "5"), "--timeout changes how this machine is probed"),
+        (("--cuda-init", "all"), "take the snapshot with `ct200-doctor snapshot --cuda-init all`"),
     ],
-    ids=["json-prometheus", "facts-twice", "spec-twice", "textfile-twice", "deep", "timeout"],
+    ids=[
+        "json-prometheus",
+        "facts-twice",
+        "spec-twice",
+        "textfile-twice",
+        "deep",
+        "timeout",
+        "cuda-init",
+    ],
 )
 def test_conflicting_or_ignored_flags_are_usage_errors(args: tuple[str, ...], message: str) -> None:
     r = doctor("check", "--facts", INCIDENT, *args)
@@ -586,3 +595,23 @@ def test_no_plural_slips_on_any_fixture() -> None:
         for spec in ((), ("--spec", CT200)):
             out = doctor("check", "--facts", str(path), "-v", *spec).stdout
             assert not bad.search(out), (path.name, bad.search(out))
+
+
+def test_cuda_init_modes_on_this_driverless_machine() -> None:
+    """Both modes run here; per-GPU mode, with no GPU to list, runs the one all-GPU child and
+    the snapshot says why. A mode that does not exist is a usage error."""
+    for mode in ("per-gpu", "all"):
+        r = doctor("snapshot", "--cuda-init", mode)
+        no_traceback(r)
+        assert r.returncode == 0, r.stderr
+        cuda = json.loads(r.stdout)["cuda"]
+        assert cuda["mode"] == "all" and "gpus" not in cuda
+        assert cuda["error"].startswith("libcuda.so.1 not found")
+        if mode == "per-gpu":
+            assert cuda["note"].startswith("cannot list /proc/driver/nvidia/gpus")
+        else:
+            assert "note" not in cuda
+    r = doctor("check", "--cuda-init", "both")
+    no_traceback(r)
+    assert r.returncode == 2
+    assert "Invalid value for '--cuda-init': 'both' is not one of 'per-gpu', 'all'" in r.stderr

@@ -46,3 +46,15 @@ def test_a_hung_command_and_its_children_are_killed_and_the_cgroup_removed() -> 
             ["sh", "-c", "sleep 300 & sleep 300"], MEM_MAJOR, cgroup_root=root, timeout=1
         )
     assert leftovers(root) == []
+
+
+def test_one_node_of_a_major_is_denied_alone() -> None:
+    """deny_minor: only c 1:3 (/dev/null) is denied, c 1:5 (/dev/zero) of the same major is
+    not, as tests/gpu denies one GPU's /dev/nvidiaN and leaves /dev/nvidiactl (195:255)."""
+    root = _cgroup_root()
+    script = "(: < /dev/zero); echo zero=$?; (: < /dev/null); echo null=$?"
+    r = faults.run_denied(["sh", "-c", script], MEM_MAJOR, cgroup_root=root, deny_minor=3)
+    zero, null = r.stdout.split()
+    assert zero == "zero=0", r
+    assert null != "null=0" and "cannot open /dev/null: Operation not permitted" in r.stderr, r
+    assert leftovers(root) == []
