@@ -390,6 +390,15 @@ def read_command(server: Section, engine: Engine | None) -> tuple[str, ...]:
         server.bad("command", value, "a non-empty list of strings")
         return ()
     command = tuple(a for a in argv if a is not None)
+    program = command[0]
+    if "/" in program and not program.startswith("/"):
+        server.issues.error(
+            at(server.where("command"), 0),
+            f"{show(program)} is a relative path, which systemd refuses in ExecStart=",
+            "write the program's absolute path (e.g. /usr/local/bin/llama-server), or a bare "
+            "name that systemd finds in /usr/local/sbin, /usr/local/bin, /usr/sbin or /usr/bin",
+        )
+        return ()
     return command if one_line(server.issues, server.where("command"), command) else ()
 
 

@@ -527,6 +527,16 @@ ERRORS = [
         "gpus lists 0 GPU(s)",
         id="cpu-server-with-tp",
     ),
+    pytest.param(
+        {
+            "servers[1].engine": "command",
+            "servers[1].speculative": DROP,
+            "servers[1].command": ["bin/srv", "--port", "30001"],
+        },
+        "servers[1].command[0]",
+        "absolute path",
+        id="command-relative",
+    ),
     pytest.param({"servers[0].start_timeout": 30}, "servers[0].start_timeout", "60..", id="st"),
     pytest.param(
         {"servers[0].start_timeout": "1h"}, "servers[0].start_timeout", "integer", id="st-type"
