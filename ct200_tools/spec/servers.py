@@ -177,7 +177,7 @@ def read_server(issues: Issues, value: object, path: str, gpus: GpuSpec | None) 
         cpu_ok = draft.engine == "command"
         where = server.where("gpus")
         draft.gpus = index_list(issues, server.data["gpus"], where, count, empty_ok=cpu_ok)
-    draft.tp = server.get_int("tp", 1, MAX_GPUS)
+    draft.tp = server.get_int("tp", 0, MAX_GPUS)  # 0: a CPU server (gpus: []) written back
     if draft.tp is not None and draft.gpus is not None and draft.tp != len(draft.gpus):
         issues.error(
             server.where("tp"),

@@ -798,6 +798,20 @@ def test_command_engine_on_the_cpu(port_arg: list[str]) -> None:
     assert [w.path for w in spec.warnings] == ["servers[2].gpus"]
 
 
+def test_round_trip_of_a_cpu_server() -> None:
+    data = changed(
+        {
+            "servers[1].engine": "command",
+            "servers[1].speculative": DROP,
+            "servers[1].command": ["llama-server", "--port", "30001"],
+            "servers[1].gpus": [],
+        }
+    )
+    spec = validate(data)
+    assert validate(spec_to_dict(spec)) == dataclasses.replace(spec, source="")
+    assert issue_at(issues_of(changed({"servers[0].tp": 0})), "servers[0].tp", "tp is 0", "error")
+
+
 def test_vllm_takes_the_algorithms_it_has() -> None:
     spec = validate(changed({"servers[3].engine": "vllm", "servers[3].enabled": False}))
     assert spec.servers[3].engine == "vllm"
