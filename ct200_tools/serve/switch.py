@@ -344,6 +344,7 @@ class Switch:
 
     def run(self, requested: Sequence[str], exact: bool = False, dry_run: bool = False) -> Report:
         began = self.clock()
+        serving.check_set(serving.resolve(self.site, requested))  # bad input: before anything
         previous = serving.current(self.site, self.state_path)
         machine = self.read_machine(self.site, self.systemd)
         p = plan(self.site, previous, requested, machine, exact)
