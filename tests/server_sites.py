@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -99,6 +100,29 @@ def llama_site(shm: bool = True) -> dict[str, Any]:
 
 def server_names(site: dict[str, Any]) -> list[str]:
     return [s["name"] for s in site["servers"]]
+
+
+#: push(machine, file on the controller, path on the machine, mode)
+Push = Callable[[str, Path, str, int], object]
+
+
+def prepare_ct(push: Push, workdir: Path, binary: Path) -> Path:
+    """What a user does before the playbook: the engine's program in place (llama-server, built
+    by testbed/llama_build.py) and each model's persistent copy (a tiny GGUF, and padding for the
+    big ones) under /tank/models. Returns the extra-vars file with the site."""
+    from testbed import tiny_gguf  # noqa: PLC0415 - numpy and gguf only here
+
+    push("ct", binary, LLAMA, 0o755)
+    for name, (seed, pad) in MODELS.items():
+        gguf = tiny_gguf.write(workdir / f"{name}.gguf", seed=seed)
+        push("ct", gguf, f"/tank/models/{name}/model.gguf", 0o644)
+        if pad:
+            filler = workdir / f"{name}.pad"
+            filler.write_bytes(bytes(pad))
+            push("ct", filler, f"/tank/models/{name}/pad.bin", 0o644)
+    site = workdir / "llama-site.yml"
+    site.write_text(yaml.safe_dump({"ct200_site": llama_site()}, sort_keys=False))
+    return site
 
 
 _SG = "servers[1]"  # qwen-tp4-dflash, an SGLang server on GPUs 4-7

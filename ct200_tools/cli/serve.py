@@ -185,7 +185,7 @@ def status(spec_path: str | None, as_json: bool) -> None:
 )
 def wait_ready(name: str, spec_path: str | None, timeout: float | None) -> None:
     """Poll server NAME's readiness path until it answers 200 (the unit's ExecStartPost)."""
-    from ct200_tools.serve import engine  # noqa: PLC0415
+    from ct200_tools.serve import engine, notify  # noqa: PLC0415
     from ct200_tools.serve.ready import wait_ready as poll  # noqa: PLC0415
 
     site = _load(spec_path)
@@ -193,15 +193,14 @@ def wait_ready(name: str, spec_path: str | None, timeout: float | None) -> None:
     deadline = timeout if timeout is not None else engine.ready_timeout(site, server)
     got = poll(engine.ready_url(server), deadline)
     if got.ok:
-        click.echo(
-            f"ct200-serve: {name} serves: GET {got.url} answered 200 after {got.seconds:.2f} s"
-        )
+        said = f"{name} serves: GET {got.url} answered 200 after {got.seconds:.2f} s"
+        click.echo(f"ct200-serve: {said}")
+        notify.status(f"serving: GET {got.url} answered 200 after {got.seconds:.2f} s")
         sys.exit(Exit.OK)
     index = site.servers.index(server)
-    click.echo(
-        f"ct200-serve: {name} does not serve after {got.seconds:.0f} s: GET {got.url} last got "
-        f"{got.last} ({got.polls} polls)"
-    )
+    said = f"does not serve after {got.seconds:.0f} s: GET {got.url} last got {got.last}"
+    click.echo(f"ct200-serve: {name} {said} ({got.polls} polls)")
+    notify.status(f"not serving: {said}")
     click.echo(
         f"  fix: if the model needs longer to load, raise servers[{index}].start_timeout in the "
         f"site spec (now {engine.start_timeout(site, server)} s); otherwise the engine's lines "
@@ -215,6 +214,7 @@ def wait_ready(name: str, spec_path: str | None, timeout: float | None) -> None:
 @spec_option
 def preflight(name: str, spec_path: str | None) -> None:
     """Check what server NAME needs before its engine starts (the unit's ExecStartPre)."""
+    from ct200_tools.serve import notify  # noqa: PLC0415
     from ct200_tools.serve.preflight import Preflight  # noqa: PLC0415
 
     site = _load(spec_path)
@@ -222,11 +222,15 @@ def preflight(name: str, spec_path: str | None) -> None:
     problems = Preflight(site, server).problems()
     if not problems:
         click.echo(f"ct200-serve preflight {name}: ok")
+        notify.status("preflight passed; starting")
         sys.exit(Exit.OK)
     click.echo(f"ct200-serve preflight {name}: {len(problems)} problem(s), not starting")
     for problem in problems:
         for line in problem.lines():
             click.echo(line)
+    first = problems[0]
+    more = f" (+{len(problems) - 1} more in the journal)" if len(problems) > 1 else ""
+    notify.status(f"preflight failed: {first.what}: {first.message}{more}; fix: {first.fix}")
     sys.exit(Exit.FAILED)
 
 

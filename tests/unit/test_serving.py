@@ -12,6 +12,7 @@ import base64
 import http.server
 import importlib.util
 import json
+import socket
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ct200_tools import serving
-from ct200_tools.serve import engine
+from ct200_tools.serve import engine, notify
 from ct200_tools.serve.preflight import Preflight
 from ct200_tools.serve.ready import wait_ready
 from ct200_tools.serve.switch import Machine, ModelState, Switch, choose_drops, plan
@@ -411,3 +412,17 @@ def test_wait_ready_gives_up_at_the_deadline_saying_what_it_got() -> None:
 
 def test_serving_set_of_an_empty_state_is_empty(site: SiteSpec) -> None:
     assert serving.serving_set(site, ServingState(())) == ServingSet((), "serving.json")
+
+
+def test_status_line_reaches_the_notify_socket(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What systemd receives from the unit's ExecStartPre and ExecStartPost (NotifyAccess=exec)."""
+    address = str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(address)
+        monkeypatch.setenv("NOTIFY_SOCKET", address)
+        assert notify.status("preflight failed:\n  model x")
+        assert sock.recv(1024) == b"STATUS=preflight failed: model x"
+    monkeypatch.delenv("NOTIFY_SOCKET")
+    assert not notify.status("outside a unit")

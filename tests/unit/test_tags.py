@@ -27,7 +27,6 @@ PROMISED = {
     "host_devices": "issue 14: host role (modules, nodes at boot, persistence daemon)",
     "lxc_passthrough": "issue 14: LXC passthrough role (ct200_pve_lxc_gpu module)",
     "host_tuning": "issue 14: host tuning role (MaxReadReq unit, numa_balancing sysctl)",
-    "container_shm": "issue 11: container provisioning (the /dev/shm mount)",
 }
 
 
