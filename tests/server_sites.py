@@ -88,7 +88,7 @@ def llama_site(shm: bool = True) -> dict[str, Any]:
         llama("tiny-b", "tiny-b", 8081, alias=TRICKY_ALIAS, env={"NCCL_DEBUG": "WARN"}),
         # One GPU (the testbed declares one, and has none): the doctor's gate fails it.
         llama("tiny-gpu", "tiny-a", 8083, gpus=[0]),
-        llama("tiny-badflag", "tiny-a", 8081, command=[LLAMA, "--no-such-flag", "--port", "8081"]),
+        llama("tiny-badflag", "tiny-a", 8084, command=[LLAMA, "--no-such-flag", "--port", "8084"]),
         llama("tiny-nobin", "tiny-a", 8085, command=[f"{LLAMA}-missing", "--port", "8085"]),
         llama("tiny-unstaged", "tiny-missing", 8086),
         llama("tiny-port", "tiny-a", 8087),

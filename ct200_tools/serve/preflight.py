@@ -1,13 +1,15 @@
 """What a server needs before its engine starts, checked as the service user in the unit's own
-sandbox (ExecStartPre): the engine's program, its config, its models staged, the GPU nodes open.
+sandbox (the first ExecStartPre): the engine's program, its config, its models staged, the GPU
+nodes' permissions for that user.
 
 Each problem names the path or model and the fix, so `systemctl status` says why the server did
-not start instead of a traceback minutes later. The doctor's gate (ExecStartPre before this one,
-as root) judges the GPUs and the port; this covers what only the service user sees.
+not start instead of a traceback minutes later. The doctor's gate (the next ExecStartPre, as
+root) judges the GPUs and the port.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 from collections.abc import Callable, Sequence
@@ -217,23 +219,30 @@ class Preflight:
     # -- the GPUs -------------------------------------------------------------------------------
 
     def devices(self) -> list[Problem]:
+        """Only what the service user alone meets: a node's permission bits (EACCES). A missing
+        node or one the container's device cgroup denies (ENOENT, EPERM, ENXIO) fails root too:
+        the doctor's gate, next, names its root cause and fix."""
         if not self.server.gpus:
             return []
         problems = []
         for node in GPU_NODES:
             try:
                 fd = os.open(node, os.O_RDWR)
-            except OSError as exc:
+            except PermissionError as exc:
+                if exc.errno != errno.EACCES:
+                    continue
                 problems.append(
                     Problem(
                         f"device {node}",
-                        f"cannot be opened read-write by user {engine.SERVICE_USER}: "
-                        f"{exc.strerror}",
-                        "run `ct200-doctor check --only dev` as root: it tells a missing node "
-                        "from a denied one and how to fix each (the service user needs the "
-                        "nodes mode 0666, as the driver creates them)",
+                        f"user {engine.SERVICE_USER} may not open it read-write "
+                        f"({exc.strerror}), though the server runs as that user",
+                        f"give the node mode 0666, as the driver creates it (ls -l {node}; on "
+                        "the host, NVreg_DeviceFileMode=0666, or devN's mode=0666 in the "
+                        "container's config)",
                     )
                 )
+            except OSError:
+                continue
             else:
                 os.close(fd)
         return problems

@@ -218,8 +218,8 @@ def test_sglang_unit_of_the_example() -> None:
     assert d["Wants"] == [f"{stages} network-online.target"]
     assert d["After"] == [f"{stages} network-online.target"]
     assert d["ExecStartPre"] == [
-        "+/opt/ct200/venv/bin/ct200-doctor gate qwen-tp4-ddtree --spec /etc/ct200/site.yml",
         "/opt/ct200/venv/bin/ct200-serve preflight qwen-tp4-ddtree --spec /etc/ct200/site.yml",
+        "+/opt/ct200/venv/bin/ct200-doctor gate qwen-tp4-ddtree --spec /etc/ct200/site.yml",
     ]
     assert d["NotifyAccess"] == ["exec"]
     assert d["ExecStartPost"] == [
