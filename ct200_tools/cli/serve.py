@@ -186,17 +186,28 @@ def status(spec_path: str | None, as_json: bool) -> None:
 def wait_ready(name: str, spec_path: str | None, timeout: float | None) -> None:
     """Poll server NAME's readiness path until it answers 200 (the unit's ExecStartPost)."""
     from ct200_tools.serve import engine, notify  # noqa: PLC0415
+    from ct200_tools.serve.ready import process_alive  # noqa: PLC0415
     from ct200_tools.serve.ready import wait_ready as poll  # noqa: PLC0415
 
     site = _load(spec_path)
     server = _server(site, name)
     deadline = timeout if timeout is not None else engine.ready_timeout(site, server)
-    got = poll(engine.ready_url(server), deadline)
+    main_pid = os.environ.get("MAINPID", "")  # set by systemd for ExecStartPost
+    alive = process_alive(int(main_pid)) if main_pid.isdigit() else None
+    got = poll(engine.ready_url(server), deadline, alive=alive)
     if got.ok:
         said = f"{name} serves: GET {got.url} answered 200 after {got.seconds:.2f} s"
         click.echo(f"ct200-serve: {said}")
         notify.status(f"serving: GET {got.url} answered 200 after {got.seconds:.2f} s")
         sys.exit(Exit.OK)
+    if got.exited:
+        said = f"the engine (pid {main_pid}) exited after {got.seconds:.1f} s, before it served"
+        click.echo(f"ct200-serve: {name}: {said}")
+        click.echo(
+            "  fix: its own lines above (journalctl -u " + engine.unit_name(name) + ") say why"
+        )
+        notify.status(f"not serving: {said}; journalctl -u {engine.unit_name(name)} says why")
+        sys.exit(Exit.FAILED)
     index = site.servers.index(server)
     said = f"does not serve after {got.seconds:.0f} s: GET {got.url} last got {got.last}"
     click.echo(f"ct200-serve: {name} {said} ({got.polls} polls)")

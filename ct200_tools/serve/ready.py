@@ -2,12 +2,14 @@
 
 The unit's ExecStartPost runs this, so `systemctl start` returns when the server serves and fails
 with a message that names the URL, what it last answered and the fix, rather than systemd's bare
-"timeout". A main process that dies meanwhile ends the start too: systemd kills this poll then.
+"timeout". systemd lets ExecStartPost run on when the main process dies, so the poll watches it
+($MAINPID) and gives up at once when the engine is gone (a bad flag exits in a second).
 """
 
 from __future__ import annotations
 
 import http.client
+import os
 import time
 import urllib.error
 import urllib.request
@@ -48,6 +50,13 @@ class Readiness:
     polls: int
     #: What the last poll got: "200", "503", "connection refused", ...
     last: str
+    #: The engine's process ended before it served.
+    exited: bool = False
+
+
+def process_alive(pid: int) -> Callable[[], bool]:
+    """Whether the process is still there (systemd reaps its main process at once)."""
+    return lambda: os.path.exists(f"/proc/{pid}")
 
 
 def wait_ready(
@@ -56,10 +65,13 @@ def wait_ready(
     get: Get = http_status,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    alive: Callable[[], bool] | None = None,
 ) -> Readiness:
     started = clock()
     polls, last, interval = 0, "no answer yet", FIRST_INTERVAL_S
     while True:
+        if alive is not None and not alive():
+            return Readiness(False, url, clock() - started, polls, last, exited=True)
         left = deadline_s - (clock() - started)
         polls += 1
         try:

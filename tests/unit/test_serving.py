@@ -12,7 +12,10 @@ import base64
 import http.server
 import importlib.util
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -22,7 +25,7 @@ import pytest
 from ct200_tools import serving
 from ct200_tools.serve import engine, notify
 from ct200_tools.serve.preflight import Preflight
-from ct200_tools.serve.ready import wait_ready
+from ct200_tools.serve.ready import process_alive, wait_ready
 from ct200_tools.serve.switch import Machine, ModelState, Switch, choose_drops, plan
 from ct200_tools.serve.systemd import Systemd, UnitState, parse_show
 from ct200_tools.serving import ServingError, ServingSet, ServingState
@@ -426,3 +429,12 @@ def test_status_line_reaches_the_notify_socket(
         assert sock.recv(1024) == b"STATUS=preflight failed: model x"
     monkeypatch.delenv("NOTIFY_SOCKET")
     assert not notify.status("outside a unit")
+
+
+def test_wait_ready_stops_when_the_engine_is_gone() -> None:
+    """systemd lets ExecStartPost run on after the main process died: the poll must notice."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    got = wait_ready("http://127.0.0.1:1/health", 60, alive=process_alive(proc.pid))
+    assert got.exited and not got.ok and got.polls == 0
+    assert process_alive(os.getpid())()
