@@ -220,17 +220,29 @@ def choose_drops(
 
 
 def model_state(model: ModelSpec) -> ModelState:
-    """Staged bytes by the doctor's own verdict; what staging it needs from its manifest (the
-    source's hashes, written at the first stage), else the spec's declared size."""
-    from ct200_tools.stage.manifest import default_manifest_path, load_manifest  # noqa: PLC0415
+    """Staged bytes by the doctor's own verdict; what staging it needs: its manifest's total
+    (written at the first stage), else the persistent copy's files as ct200-stage would copy
+    them (metadata only), else the spec's declared size."""
+    from ct200_tools.stage.capacity import bytes_needed  # noqa: PLC0415
+    from ct200_tools.stage.errors import StageError  # noqa: PLC0415
+    from ct200_tools.stage.manifest import (  # noqa: PLC0415
+        default_manifest_path,
+        load_manifest,
+        scan_tree,
+    )
     from ct200_tools.stage.status import model_status  # noqa: PLC0415
 
     verdict = model_status(model.staged)
     staged = (verdict.bytes_actual or verdict.bytes_expected) if verdict.ok else None
-    need = model.size
-    with contextlib.suppress(Exception):  # no manifest (never staged): the declared size
-        need = load_manifest(default_manifest_path(model.name)).total_bytes
-    return ModelState(staged, need)
+    manifest = default_manifest_path(model.name)
+    try:
+        files = [f.size for f in load_manifest(manifest).files]
+    except (StageError, OSError, ValueError):
+        try:
+            files = [f.size for f in scan_tree(model.source)]
+        except (StageError, OSError):
+            return ModelState(staged, model.size)  # no copy to measure: the stage will say so
+    return ModelState(staged, bytes_needed(files))
 
 
 def read_machine(site: SiteSpec, systemd: Systemd) -> Machine:

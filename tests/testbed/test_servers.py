@@ -16,6 +16,7 @@ against it (and the taken-port test checks that the gate names the process).
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -477,7 +478,10 @@ def test_a_broken_server_fails_and_stops_restarting(servers: Servers, name: str)
 
 def test_a_broken_gpu_gate_fails_with_the_doctors_message(servers: Servers) -> None:
     text = servers.broken.journals["tiny-gpu"]
-    assert "ct200-doctor" in text and "/dev/nvidia" in text, text[-3000:]
+    # The doctor's report (a failed GPU check by its id, with its fix) is in the unit's journal.
+    assert "ct200-doctor" in text, text[-3000:]
+    assert re.search(r"\[✗\] (driver|dev|gpu)\.\w+", text), text[-3000:]
+    assert "fix" in text
     # The engine never ran: the gate failed first.
     assert "llama_server: initializing" not in text
 
