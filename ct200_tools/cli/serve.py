@@ -121,6 +121,7 @@ def switch_lines(report: Any) -> list[str]:
         if step.items and step.detail and step.name in ("plan", "restore", "drop"):
             lines.append(f"  {'':<8}{'':>10}  {step.detail}")
     lines.append(f"  {'total':<8}{sum(s.seconds for s in report.steps):8.1f} s")
+    lines += [f"  warning: {w}" for w in report.warnings]
     if not report.ok:
         state = "the previous set serves again" if report.restored else "NOT all restored"
         lines.append(f"  {state}:")

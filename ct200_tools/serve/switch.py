@@ -316,9 +316,11 @@ class Report:
     serving: dict[str, str] = field(default_factory=dict)
     failure: str = ""
     restored: bool | None = None
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         return {
+            "warnings": list(self.warnings),
             "ok": self.ok,
             "changed": self.changed,
             "dry_run": self.dry_run,
@@ -361,8 +363,11 @@ class Switch:
         machine = self.read_machine(self.site, self.systemd)
         p = plan(self.site, previous, requested, machine, exact)
         steps = [Step("plan", self.clock() - began, detail=describe(p))]
+        warned = warnings(self.site, p)
         if dry_run:
-            return Report(True, p.changed, True, previous.names, p.names, tuple(steps))
+            return Report(
+                True, p.changed, True, previous.names, p.names, tuple(steps), warnings=warned
+            )
         stopped = self._stop(p, steps)
         if stopped is not None:
             drops = self._drop(p, machine, steps)
@@ -376,7 +381,14 @@ class Switch:
                     for s in p.target
                 }
                 return Report(
-                    True, p.changed, False, previous.names, p.names, tuple(steps), serving_now
+                    True,
+                    p.changed,
+                    False,
+                    previous.names,
+                    p.names,
+                    tuple(steps),
+                    serving_now,
+                    warnings=warned,
                 )
         failed = next(s for s in reversed(steps) if not s.ok)
         restore = self._restore(p, steps)
@@ -386,6 +398,7 @@ class Switch:
             previous=previous.names,
             target=p.names,
             failure=f"{failed.name}: {failed.detail}",
+            warnings=warned,
         )
 
     # -- steps ----------------------------------------------------------------------------------
@@ -515,6 +528,21 @@ class Switch:
         detail += "; started again " + (", ".join(s.name for s in p.stop) or "nothing")
         self._timed("restore", steps, items, ok, t0, detail)
         return Report(False, True, False, (), (), (), status, "", restored)
+
+
+def warnings(site: SiteSpec, p: Plan) -> tuple[str, ...]:
+    """What validation warns about the enabled servers, for the set being switched to: a TP
+    group across NUMA nodes."""
+    found = []
+    for server in p.target:
+        nodes = engine.numa_nodes(site, server)
+        if nodes is not None and len(nodes) > 1:
+            found.append(
+                f"{server.name}: GPUs {', '.join(map(str, server.gpus))} span NUMA nodes "
+                f"{', '.join(map(str, nodes))}: TP across the inter-socket link was measured "
+                "slower than TP4 on CT200 for single requests"
+            )
+    return tuple(found)
 
 
 def describe(p: Plan) -> str:

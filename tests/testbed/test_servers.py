@@ -352,10 +352,11 @@ class Servers:
 
 CLEANUP = (
     "systemctl stop 'ct200-server-*.service' 'ct200-stage@*.service' ct200-test-squatter;"
-    " systemctl disable 'ct200-server-*.service' 'ct200-stage@*.service';"
     " systemctl reset-failed;"
+    # Enabled units leave links in multi-user.target.wants: gone with their units.
     " rm -rf /tank /dev/shm/models /var/lib/ct200 /var/cache/ct200 /etc/ct200/servers"
     " /etc/systemd/system/ct200-server-* /etc/systemd/system/ct200-stage@*"
+    " /etc/systemd/system/*.wants/ct200-server-* /etc/systemd/system/*.wants/ct200-stage@*"
     " /usr/local/bin/llama-server;"
     " sed -i '\\# /dev/shm #d' /etc/fstab;"
     " userdel ct200; groupdel ct200;"
