@@ -16,13 +16,13 @@ import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import jinja2
 import yaml
 
 from ct200_tools.serve import engine
-from ct200_tools.spec import DEFAULT_SPEC_PATH, ServerSpec, SiteSpec, validate
+from ct200_tools.spec import DEFAULT_SPEC_PATH, ServerSpec, SiteSpec, spec_to_dict, validate
 
 UNIT_TEMPLATE: Final = "ct200-server.service.j2"
 ENV_TEMPLATE: Final = "ct200-server.env.j2"
@@ -93,7 +93,6 @@ def unit_fields(
         "unit": engine.unit_name(s.name),
         "description": f"ct200 inference server {s.name} ({what})",
         "stage_units": [engine.stage_unit(m.name) for m in models],
-        "models": [m.name for m in models],
         "gpus": ",".join(str(g) for g in s.gpus),
         "numa_nodes": ",".join(str(n) for n in nodes) if nodes is not None else "",
         "numa_spans": nodes is not None and len(nodes) > 1,
@@ -191,11 +190,13 @@ def _load(name: str) -> str:
 
 
 def render(site: SiteSpec, name: str, tools_bin: str = engine.DEFAULT_TOOLS_BIN) -> Rendered:
-    """The files of server `name` of `site`, as the role writes them."""
-    from ct200_tools.spec import spec_to_dict  # noqa: PLC0415
-
+    """The files of server `name` of `site`, as the inference_servers role writes them with
+    inference_servers_tools_bin = tools_bin (the container play: the tools venv's bin, which is
+    os.path.dirname(sys.executable) for ct200-tools' own commands there). KeyError for a name
+    the spec lacks."""
     ct200_site = spec_to_dict(site)
-    server = next((s for s in ct200_site["servers"] if s["name"] == name), None)  # type: ignore[attr-defined]
+    servers = cast(list[dict[str, Any]], ct200_site["servers"])
+    server = next((s for s in servers if s["name"] == name), None)
     if server is None:
         raise KeyError(f"no server {name!r} in the site spec")
     env = environment()

@@ -19,6 +19,9 @@ import re
 from typing import Final
 
 from ct200_tools.spec import ModelSpec, ServerSpec, SiteSpec
+from ct200_tools.spec.servers import VLLM_METHODS
+
+__all__ = ["VLLM_METHODS"]  # what vLLM calls each algorithm: the spec validates against it
 
 UNIT_PREFIX: Final = "ct200-server-"
 STAGE_UNIT_PREFIX: Final = "ct200-stage@"
@@ -39,13 +42,6 @@ ENGINE_MODULES: Final = {
 #: GET PATH answers 200 once the server serves: SGLang's runs a 1-token generation; vLLM's
 #: /health only reads an error flag, so /v1/models; llama.cpp's /health is 503 while loading.
 READY_PATHS: Final = {"sglang": "/health_generate", "vllm": "/v1/models", "command": "/health"}
-VLLM_METHODS: Final = {
-    "EAGLE": "eagle",
-    "EAGLE3": "eagle3",
-    "NEXTN": "mtp",
-    "STANDALONE": "draft_model",
-    "NGRAM": "ngram",
-}
 
 # Lifecycle. A failed start is retried RESTART_SEC later, at most START_LIMIT_BURST starts in
 # the interval that many starts can take; then the unit stays failed (a bad flag must not reload
