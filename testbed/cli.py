@@ -246,8 +246,16 @@ def build(ctx: click.Context, rebuild: bool) -> None:
 
 @main.command("verify-units")
 @click.argument("paths", nargs=-1, type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--spec",
+    "specs",
+    multiple=True,
+    type=click.Path(exists=True),
+    help="Also render the unit of every server of this site spec (YAML file or inventory dir; "
+    "enabled or not) and verify it in a scratch root with stand-ins for its programs.",
+)
 @click.pass_context
-def verify_units(ctx: click.Context, paths: tuple[str, ...]) -> None:
+def verify_units(ctx: click.Context, paths: tuple[str, ...], specs: tuple[str, ...]) -> None:
     """Run `systemd-analyze verify` on PATHS (default: the repository's static unit files),
     failing on any stderr output, not only on a non-zero exit."""
 
@@ -261,9 +269,14 @@ def verify_units(ctx: click.Context, paths: tuple[str, ...]) -> None:
             return proc.returncode, proc.stdout, proc.stderr
 
         problems = units.verify(found, local)
+        rendered = {}
+        for spec in specs:
+            rendered.update(units.render_servers(spec))
+        problems += units.verify_rendered(rendered, local)
         for problem in problems:
             click.echo(f"systemd-analyze verify: {problem}", err=True)
-        click.echo(f"verify-units: {len(found)} unit file(s), {len(problems)} with problems")
+        total = len(found) + len(rendered)
+        click.echo(f"verify-units: {total} unit file(s), {len(problems)} with problems")
         return EXIT_ERROR if problems else EXIT_OK
 
     _guard(run)

@@ -308,6 +308,25 @@ class Harness:
                 shutil.copyfile(log, keep)
                 print(f"testbed: console log of {spec.name} kept in {keep}", flush=True)
 
+    # -- files -------------------------------------------------------------------------------
+    def push(self, name: str, src: Path, dest: str, mode: int = 0o644) -> Path:
+        """Copy a file from the controller into machine `name` at `dest`, through its root on
+        the controller (no SSH; what a test needs there before a playbook runs, such as the
+        llama-server build). Written beside the target and renamed: never half a file."""
+        found = next((m for m in self.machines() if m.name == name), None)
+        if found is None or not dest.startswith("/"):
+            raise TestbedError(
+                f"cannot push to {name}:{dest}",
+                fix="name a machine of this slot and an absolute path in it",
+            )
+        target = Path(found.root) / dest.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.push")
+        shutil.copyfile(src, tmp)
+        tmp.chmod(mode)
+        tmp.replace(target)
+        return target
+
     # -- down --------------------------------------------------------------------------------
     def down(self, quiet: bool = False) -> list[str]:
         """Remove everything of the slot; safe to run any number of times."""

@@ -3,12 +3,18 @@
 ``systemd-analyze verify`` exits 0 on a misspelled key (it only warns "Unknown key ... ignoring"),
 so a unit passes only when the command exits 0 *and* prints nothing on stderr. Units are verified
 where they are installed (on a testbed machine after a converge, so that ExecStart= paths exist),
-and static unit files in the repository are verified on the controller.
+static unit files in the repository on the controller, and rendered units (every server of a
+spec) on the controller too, in a scratch root (``verify_rendered``): systemd-analyze resolves the
+unit's programs there, so each gets a named stand-in, since SGLang and ct200-tools' venv are not
+installed on the controller.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,3 +80,55 @@ def repo_units(repo: Path) -> list[str]:
         if base.is_dir():
             found += [p for p in base.rglob("*") if p.is_file() and is_unit(p.name)]
     return sorted(str(p) for p in found)
+
+
+#: The system's own units (sysinit.target, ...), which verify loads as dependencies.
+SYSTEM_UNIT_DIRS = ("/usr/lib/systemd/system", "/lib/systemd/system")
+#: The program of an Exec*= line: the first word after the prefixes (@-:+!|).
+_EXEC = re.compile(r"^Exec\w+=[-@:+!|]*\"?([^\s\"]+)", re.MULTILINE)
+STANDIN = (
+    "#!/bin/sh\n# Stand-in written by testbed/units.py for `systemd-analyze verify --root`: the\n"
+    "# real program is on the target machine, not on this controller.\nexit 0\n"
+)
+
+
+def programs(unit_text: str) -> list[str]:
+    """The programs a unit's Exec*= lines run (absolute paths, or names systemd looks up)."""
+    return sorted({m.group(1) for m in _EXEC.finditer(unit_text)})
+
+
+def verify_rendered(units: Mapping[str, str], run: RunFn) -> list[Problem]:
+    """Verify rendered units (file name -> text) in a scratch root holding the system's units and
+    a stand-in for each program they run; each unit on its own, failing on any stderr."""
+    with tempfile.TemporaryDirectory(prefix="ct200-verify-") as tmp:
+        root = Path(tmp)
+        system = next((Path(d) for d in SYSTEM_UNIT_DIRS if Path(d).is_dir()), None)
+        if system is not None:
+            shutil.copytree(system, root / "usr/lib/systemd/system", symlinks=True)
+        unit_dir = root / "etc/systemd/system"
+        unit_dir.mkdir(parents=True)
+        for name, text in units.items():
+            (unit_dir / name).write_text(text)
+            for program in programs(text):
+                path = root / (program.lstrip("/") if "/" in program else f"usr/bin/{program}")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(STANDIN)
+                path.chmod(0o755)
+        problems = []
+        for name in units:
+            rc, out, err = run(
+                ["systemd-analyze", "verify", f"--root={root}", f"/etc/systemd/system/{name}"]
+            )
+            if rc != 0 or err.strip():
+                problems.append(Problem(name, err.strip() or out.strip() or f"exit {rc}"))
+        return problems
+
+
+def render_servers(spec: str) -> dict[str, str]:
+    """The unit of every server of a site spec, as the inference_servers role renders it."""
+    from ct200_tools.render import render  # noqa: PLC0415
+    from ct200_tools.serve.engine import unit_name  # noqa: PLC0415
+    from ct200_tools.spec import load_spec  # noqa: PLC0415
+
+    site = load_spec(spec)
+    return {unit_name(s.name): render(site, s.name).unit for s in site.servers}

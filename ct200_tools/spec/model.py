@@ -7,7 +7,7 @@ the rules that build them are in ct200_tools.spec.schema, reading files in ct200
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Final, Literal
 
@@ -116,8 +116,10 @@ class ServerSpec:
     name: str
     engine: Engine
     model: str
+    #: GPU indices (NVML/nvidia-smi order); empty only for engine command (a CPU server).
     gpus: tuple[int, ...]
     port: int
+    #: Tensor-parallel size: len(gpus) (0 for a CPU server).
     tp: int
     enabled: bool = True
     host: str = "127.0.0.1"
@@ -127,6 +129,12 @@ class ServerSpec:
     args: Mapping[str, object] = field(default_factory=dict)
     #: engine "command" only: the argv to run.
     command: tuple[str, ...] = ()
+    #: Seconds from `systemctl start` to serving before systemd gives up (TimeoutStartSec);
+    #: None: from the model's size (ct200_tools.serve.engine.start_timeout).
+    start_timeout: int | None = None
+    #: The HTTP path that answers 200 once the server serves; None: the engine's own
+    #: (SGLang /health_generate, vLLM /v1/models, command /health).
+    health: str | None = None
 
 
 @dataclass(frozen=True)
@@ -149,17 +157,22 @@ class SiteSpec:
     def model(self, name: str) -> ModelSpec | None:
         return next((m for m in self.models if m.name == name), None)
 
-    def needed_models(self) -> tuple[ModelSpec, ...]:
-        """The models the enabled servers need, in spec order: each one's model, and the
-        declared models whose staged path a server names as its speculative.draft_model.
+    def server(self, name: str) -> ServerSpec | None:
+        return next((s for s in self.servers if s.name == name), None)
+
+    def needed_models(self, servers: Iterable[ServerSpec] | None = None) -> tuple[ModelSpec, ...]:
+        """The models the given servers (default: the enabled ones) need, in spec order: each
+        one's model, and the declared models whose staged path a server names as its
+        speculative.draft_model.
 
         The one definition of "needed": staging stages these (Ansible reads them from the
-        validate play), validation checks that they fit in shm.size, and the doctor checks them.
+        validate play), validation checks that they fit in shm.size, the doctor checks them, and
+        a switch of the serving set (ct200_tools.serving) passes the servers it serves.
         A disabled server's model (595 GB for Kimi) must not take RAM at every boot.
         """
-        servers = self.enabled_servers
-        names = {s.model for s in servers}
-        drafts = {s.speculative.draft_model for s in servers if s.speculative}
+        chosen = self.enabled_servers if servers is None else tuple(servers)
+        names = {s.model for s in chosen}
+        drafts = {s.speculative.draft_model for s in chosen if s.speculative}
         return tuple(m for m in self.models if m.name in names or m.staged in drafts)
 
 

@@ -38,11 +38,22 @@ NO_DRAFT_MODEL: Final = ("NGRAM", "NEXTN")
 EAGLE_FLAGS: Final = ("num_steps", "eagle_topk", "num_draft_tokens")
 #: The server unit renders these from the server's own fields; a second copy would fight it.
 RESERVED_ARGS: Final = frozenset(
-    {"model", "model-path", "tp", "tp-size", "tensor-parallel-size", "host", "port"}
+    {"model", "model-path", "tp", "tp-size", "tensor-parallel-size", "host", "port", "config"}
     | {f"speculative-{k}" for k in ("config", "algorithm", "draft-model-path", "num-steps")}
     | {f"speculative-{k}" for k in ("eagle-topk", "num-draft-tokens", "ddtree-budget")}
 )
-RESERVED_ENV: Final = frozenset({"CUDA_VISIBLE_DEVICES"})
+RESERVED_ENV: Final = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"})
+#: What vLLM's --speculative-config calls each algorithm; DFLASH and DDTREE are SGLang's only.
+VLLM_METHODS: Final = {
+    "EAGLE": "eagle",
+    "EAGLE3": "eagle3",
+    "NEXTN": "mtp",
+    "STANDALONE": "draft_model",
+    "NGRAM": "ngram",
+}
+#: start_timeout bounds (seconds): a minute at least, a day at most.
+START_TIMEOUT: Final = (60, 86_400)
+HEALTH_RE: Final = re.compile(r"^/[A-Za-z0-9._~!$&'()*+,;=:@/?-]{0,199}$")
 
 SERVER: Final = {
     "name": "name: qwen-tp4",
@@ -57,6 +68,8 @@ SERVER: Final = {
     "env": "env: {NCCL_PROTO: LL}",
     "args": "args: {mem-fraction-static: 0.85}",
     "command": "command: [/usr/bin/llama-server, --port, '30000']",
+    "start_timeout": "start_timeout: 1800",
+    "health": "health: /health",
 }
 SPECULATIVE: Final = {
     "algorithm": "algorithm: EAGLE3",
@@ -68,16 +81,21 @@ SPECULATIVE: Final = {
 }
 
 
-def index_list(issues: Issues, value: object, path: str, count: int | None) -> tuple[int, ...]:
-    """Distinct GPU indices in 0..count-1; empty when anything is wrong (already recorded)."""
-    if not isinstance(value, list) or not value or len(value) > MAX_GPUS:
+def index_list(
+    issues: Issues, value: object, path: str, count: int | None, *, empty_ok: bool = False
+) -> tuple[int, ...] | None:
+    """Distinct GPU indices in 0..count-1; None when anything is wrong (already recorded).
+
+    Empty only where empty_ok (engine command: a server on the CPU, such as the testbed's)."""
+    if not isinstance(value, list) or not (value or empty_ok) or len(value) > MAX_GPUS:
         issues.error(
             path,
             f"expected a non-empty list of at most {MAX_GPUS} GPU indices, got {kind(value)} "
             f"{show(value)}",
-            "write a list like [0, 1, 2, 3]",
+            "write a list like [0, 1, 2, 3] (an empty list only with engine: command, for a "
+            "server that runs on the CPU)",
         )
-        return ()
+        return None
     good: list[int] = []
     for i, item in enumerate(value):
         if isinstance(item, bool) or not isinstance(item, int):
@@ -92,7 +110,7 @@ def index_list(issues: Issues, value: object, path: str, count: int | None) -> t
             issues.error(at(path, i), f"GPU {item} is listed twice", "list each GPU once")
         else:
             good.append(item)
-    return tuple(good) if len(good) == len(value) else ()
+    return tuple(good) if len(good) == len(value) else None
 
 
 @dataclass
@@ -103,7 +121,8 @@ class Draft:
     name: str | None = None
     engine: Engine | None = None
     model: str | None = None
-    gpus: tuple[int, ...] = ()
+    #: None until read without fault (an empty tuple is a CPU server's, engine command only).
+    gpus: tuple[int, ...] | None = None
     tp: int | None = None
     port: int | None = None
     host: str = "127.0.0.1"
@@ -112,28 +131,36 @@ class Draft:
     env: dict[str, str] = field(default_factory=dict)
     args: dict[str, object] = field(default_factory=dict)
     command: tuple[str, ...] = ()
+    start_timeout: int | None = None
+    health: str | None = None
 
     @property
     def label(self) -> str:
         return repr(self.name) if self.name else self.path
 
+    @property
+    def gpu_set(self) -> set[int]:
+        return set(self.gpus or ())
+
     def build(self) -> ServerSpec | None:
-        name, engine, model, port = self.name, self.engine, self.model, self.port
-        if name is None or engine is None or model is None or port is None or not self.gpus:
+        name, engine, model, port, gpus = self.name, self.engine, self.model, self.port, self.gpus
+        if name is None or engine is None or model is None or port is None or gpus is None:
             return None
         return ServerSpec(
             name=name,
             engine=engine,
             model=model,
-            gpus=self.gpus,
+            gpus=gpus,
             port=port,
-            tp=self.tp or len(self.gpus),
+            tp=self.tp or len(gpus),
             enabled=self.enabled,
             host=self.host,
             speculative=self.speculative,
             env=self.env,
             args=self.args,
             command=self.command,
+            start_timeout=self.start_timeout,
+            health=self.health,
         )
 
 
@@ -147,9 +174,11 @@ def read_server(issues: Issues, value: object, path: str, gpus: GpuSpec | None) 
     draft.model = server.get_str("model")
     if "gpus" in server.data:
         count = gpus.count if gpus else None
-        draft.gpus = index_list(issues, server.data["gpus"], server.where("gpus"), count)
-    draft.tp = server.get_int("tp", 1, MAX_GPUS)
-    if draft.tp is not None and draft.gpus and draft.tp != len(draft.gpus):
+        cpu_ok = draft.engine == "command"
+        where = server.where("gpus")
+        draft.gpus = index_list(issues, server.data["gpus"], where, count, empty_ok=cpu_ok)
+    draft.tp = server.get_int("tp", 0, MAX_GPUS)  # 0: a CPU server (gpus: []) written back
+    if draft.tp is not None and draft.gpus is not None and draft.tp != len(draft.gpus):
         issues.error(
             server.where("tp"),
             f"tp is {draft.tp} but gpus lists {len(draft.gpus)} GPU(s)",
@@ -163,7 +192,60 @@ def read_server(issues: Issues, value: object, path: str, gpus: GpuSpec | None) 
     draft.args = read_args(server, draft.engine)
     draft.command = read_command(server, draft.engine)
     draft.speculative = read_speculative(server, draft.engine)
+    # null is how spec_to_dict writes "the default".
+    draft.start_timeout = server.get_int("start_timeout", *START_TIMEOUT, nullable=True)
+    draft.health = read_health(server)
+    check_engine(server, draft)
     return draft
+
+
+def read_health(server: Section) -> str | None:
+    health = server.get_str("health", nullable=True)
+    if health is None or HEALTH_RE.match(health):
+        return health
+    server.issues.error(
+        server.where("health"),
+        f"{show(health)} is not an HTTP path",
+        "write the path alone, starting with /, e.g. health: /health (no scheme, host, port or "
+        "spaces)",
+    )
+    return None
+
+
+def check_engine(server: Section, draft: Draft) -> None:
+    """What one engine cannot do with the rest of the server's fields."""
+    spec, where = draft.speculative, server.where("speculative")
+    if draft.engine == "vllm" and spec is not None:
+        if spec.algorithm not in VLLM_METHODS:
+            server.issues.error(
+                at(where, "algorithm"),
+                f"vLLM has no {spec.algorithm} method in --speculative-config (it is SGLang's)",
+                f"use engine: sglang, or one of {listing(VLLM_METHODS)} with vLLM",
+            )
+        if spec.eagle_topk not in (None, 1):
+            server.issues.error(
+                at(where, "eagle_topk"),
+                f"vLLM's --speculative-config drafts one chain; eagle_topk {spec.eagle_topk} is "
+                "SGLang's tree",
+                "set eagle_topk: 1 (num_steps becomes num_speculative_tokens), or use sglang",
+            )
+    page = draft.args.get("page-size", draft.args.get("page_size"))
+    if spec is not None and spec.algorithm == "DDTREE" and page not in (None, 1, "1"):
+        server.issues.error(
+            at(server.where("args"), "page-size"),
+            f"DDTREE requires page size 1, got {show(page)}",
+            "set args: {page-size: 1} (SGLang PR #29907), or another algorithm",
+        )
+    if draft.engine == "command" and draft.command and draft.port is not None:
+        port = str(draft.port)
+        if not any(port == a or a.endswith(("=" + port, ":" + port)) for a in draft.command):
+            server.issues.warn(
+                server.where("command"),
+                f"no argument of the command is the port {port}: readiness and the doctor "
+                f"look for the server on port {port}",
+                f"pass the port in the command, e.g. --port {port}, or set port: to the one "
+                "it listens on",
+            )
 
 
 def host_problem(host: str) -> str | None:
@@ -308,6 +390,15 @@ def read_command(server: Section, engine: Engine | None) -> tuple[str, ...]:
         server.bad("command", value, "a non-empty list of strings")
         return ()
     command = tuple(a for a in argv if a is not None)
+    program = command[0]
+    if "/" in program and not program.startswith("/"):
+        server.issues.error(
+            at(server.where("command"), 0),
+            f"{show(program)} is a relative path, which systemd refuses in ExecStart=",
+            "write the program's absolute path (e.g. /usr/local/bin/llama-server), or a bare "
+            "name that systemd finds in /usr/local/sbin, /usr/local/bin, /usr/sbin or /usr/bin",
+        )
+        return ()
     return command if one_line(server.issues, server.where("command"), command) else ()
 
 
@@ -387,7 +478,7 @@ def check_servers(issues: Issues, drafts: list[Draft], gpus: GpuSpec | None) -> 
                     f"port {server.port} is already used by enabled server {other.path}",
                     "give each enabled server its own port",
                 )
-            if shared := sorted(set(server.gpus) & set(other.gpus)):
+            if shared := sorted(server.gpu_set & other.gpu_set):
                 issues.error(
                     at(server.path, "gpus"),
                     f"enabled servers {other.label} ({other.path}) and {server.label} both use "
@@ -400,7 +491,7 @@ def check_servers(issues: Issues, drafts: list[Draft], gpus: GpuSpec | None) -> 
 
 
 def check_numa(issues: Issues, server: Draft, gpus: GpuSpec) -> None:
-    nodes = sorted({n for g in server.gpus if (n := gpus.numa_node_of(g)) is not None})
+    nodes = sorted({n for g in server.gpu_set if (n := gpus.numa_node_of(g)) is not None})
     if len(nodes) > 1:
         issues.warn(
             at(server.path, "gpus"),

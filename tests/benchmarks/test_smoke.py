@@ -163,3 +163,29 @@ def test_ansible_benchmark(testbed_requirements: None) -> None:
     assert figures["first_converge_s"] > 0
     assert figures["ratio_site_rerun_to_facts"] > 0
     assert figures["site_rerun_without_pipelining_controlpersist_s"]["median"] > 0
+
+
+@pytest.mark.testbed
+def test_servers_benchmark(testbed_requirements: None, tmp_path: Path) -> None:
+    """benchmarks/servers: one round of each measure, on a test slot of its own."""
+    proc = run(
+        [sys.executable, "-m", "benchmarks.servers.bench", "--runs", "1", "--out", str(tmp_path)]
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert report["schema_version"] == 1 and report["runs"] == 1
+    starts = report["start_to_first_completion_s"]
+    assert starts["gated_unit"] > 0 and starts["bare_unit"] > 0
+    assert report["gated_unit"]["exec_start_pre_s"] > 0
+    assert set(report["alone_s"]) == {
+        "ct200-doctor gate",
+        "ct200-serve preflight",
+        "ct200-serve wait-ready (serving)",
+    }
+    assert report["ratio_exec_start_pre_to_server_own_start"] > 0
+    steps = report["switch_steps_s"]
+    assert set(steps) == {"tiny -> tiny-b", "tiny-b -> tiny"}
+    for direction in steps.values():
+        assert {"plan", "stop", "start", "persist", "total"} <= set(direction)
+    text = (tmp_path / "results.txt").read_text()
+    assert text.startswith("benchmarks/servers:") and "reproduce:" in text

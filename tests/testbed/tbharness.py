@@ -68,6 +68,9 @@ class Bed:
         argv = tbssh.argv(self.slot, self.addresses[name], command)
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
 
+    def push(self, name: str, src: Path, dest: str, mode: int = 0o644) -> None:
+        self.harness.push(name, src, dest, mode)
+
     def ansible(self, playbook: str, *args: str, timeout: float = 540) -> AnsibleRun:
         self._runs += 1
         report_file = self.workdir / f"run-{self._runs}.json"

@@ -35,6 +35,10 @@ CT = hostname("ct")
 #: The container and the controller's validation only: the host is no part of staging, and the
 #: playbook tests after this module expect a host no playbook has run on yet.
 LIMIT = ("--limit", f"{CT},localhost")
+#: The servers of SiteBuilder's specs are there to make their models needed; they are SGLang
+#: servers on GPUs the testbed lacks, so their units stay out of this module (test_servers.py
+#: runs servers). Passed on every run.
+NO_SERVERS = ("-e", "inference_servers_enabled=false")
 STAGE = "/opt/ct200/venv/bin/ct200-stage"
 MANIFESTS = "/var/lib/ct200/manifests"
 TEMPLATE = "/etc/systemd/system/ct200-stage@.service"
@@ -232,13 +236,13 @@ class Converge:
     @classmethod
     def record(cls, bed: Bed, models: str) -> Converge:
         fresh = snapshot(bed, "ct")
-        check_fresh = bed.ansible(SITE, *LIMIT, "-e", models, "--check", "--diff")
+        check_fresh = bed.ansible(SITE, *LIMIT, *NO_SERVERS, "-e", models, "--check", "--diff")
         after_check_fresh = snapshot(bed, "ct")
         shm_after_check = bed.ssh("ct", "ls", "-A", "/dev/shm").stdout
-        run = bed.ansible(SITE, *LIMIT, "-e", models)
+        run = bed.ansible(SITE, *LIMIT, *NO_SERVERS, "-e", models)
         converged = snapshot(bed, "ct")
-        second = bed.ansible(SITE, *LIMIT, "-e", models)
-        check_after = bed.ansible(SITE, *LIMIT, "-e", models, "--check", "--diff")
+        second = bed.ansible(SITE, *LIMIT, *NO_SERVERS, "-e", models)
+        check_after = bed.ansible(SITE, *LIMIT, *NO_SERVERS, "-e", models, "--check", "--diff")
         return cls(
             fresh,
             check_fresh,
@@ -317,7 +321,9 @@ class Failures:
     @classmethod
     def record(cls, bed: Bed, site: SiteBuilder) -> Failures:
         before_missing = snapshot(bed, "ct")
-        missing = bed.ansible(CONTAINER, "-e", site.extra_vars("missing", *MODELS, MISSING))
+        missing = bed.ansible(
+            CONTAINER, *NO_SERVERS, "-e", site.extra_vars("missing", *MODELS, MISSING)
+        )
         after_missing = snapshot(bed, "ct")
         units_after_missing = {m.name: show(bed, m.name) for m in MODELS}
         huge = bed.ansible(
@@ -344,7 +350,7 @@ class Retire:
 
     @classmethod
     def record(cls, bed: Bed) -> Retire:
-        run = bed.ansible(SITE, *LIMIT)
+        run = bed.ansible(SITE, *LIMIT, *NO_SERVERS)
         return cls(
             run,
             units={m.name: show(bed, m.name) for m in (*MODELS, HUGE)},

@@ -490,6 +490,70 @@ ERRORS = [
         "control character",
         id="command-line-separator",
     ),
+    # issue 11: what the server units need
+    pytest.param(
+        {"servers[1].engine": "vllm", "servers[1].speculative.algorithm": "DFLASH"},
+        "servers[1].speculative.algorithm",
+        "vLLM has no DFLASH",
+        id="vllm-dflash",
+    ),
+    pytest.param(
+        {"servers[3].engine": "vllm", "servers[3].speculative.eagle_topk": 4},
+        "servers[3].speculative.eagle_topk",
+        "one chain",
+        id="vllm-eagle-tree",
+    ),
+    pytest.param(
+        {"servers[0].args.page-size": 16},
+        "servers[0].args.page-size",
+        "DDTREE requires page size 1",
+        id="ddtree-page-size",
+    ),
+    pytest.param(
+        {"servers[1].gpus": []},
+        "servers[1].gpus",
+        "only with engine: command",
+        id="gpus-empty-sglang",
+    ),
+    pytest.param(
+        {
+            "servers[1].engine": "command",
+            "servers[1].speculative": DROP,
+            "servers[1].command": ["/bin/srv", "--port", "30001"],
+            "servers[1].gpus": [],
+            "servers[1].tp": 2,
+        },
+        "servers[1].tp",
+        "gpus lists 0 GPU(s)",
+        id="cpu-server-with-tp",
+    ),
+    pytest.param(
+        {
+            "servers[1].engine": "command",
+            "servers[1].speculative": DROP,
+            "servers[1].command": ["bin/srv", "--port", "30001"],
+        },
+        "servers[1].command[0]",
+        "absolute path",
+        id="command-relative",
+    ),
+    pytest.param({"servers[0].start_timeout": 30}, "servers[0].start_timeout", "60..", id="st"),
+    pytest.param(
+        {"servers[0].start_timeout": "1h"}, "servers[0].start_timeout", "integer", id="st-type"
+    ),
+    pytest.param(
+        {"servers[0].health": "http://x/health"}, "servers[0].health", "HTTP path", id="health"
+    ),
+    pytest.param({"servers[0].health": "/a b"}, "servers[0].health", "spaces", id="health-sp"),
+    pytest.param(
+        {"servers[0].args.config": "/x.yaml"}, "servers[0].args.config", "own fields", id="cfg"
+    ),
+    pytest.param(
+        {"servers[0].env.CUDA_DEVICE_ORDER": "FASTEST_FIRST"},
+        "servers[0].env.CUDA_DEVICE_ORDER",
+        "gpus",
+        id="env-device-order",
+    ),
     pytest.param({"gpus.model": "RTX\tPRO"}, "gpus.model", "'\\t'", id="string-tab"),
     pytest.param(
         {"models[0].staged": "/dev/shm/models/q\x7f"}, "models[0].staged", "'\\x7f'", id="path-del"
@@ -601,6 +665,16 @@ WARNINGS = [
         "cleans at boot",
         id="source-in-tmp",
     ),
+    pytest.param(
+        {
+            "servers[1].engine": "command",
+            "servers[1].speculative": DROP,
+            "servers[1].command": ["/bin/srv", "--port", "8080"],
+        },
+        "servers[1].command",
+        "port 30001",
+        id="command-without-its-port",
+    ),
 ]
 
 
@@ -699,6 +773,52 @@ def test_command_engine() -> None:
     assert spec.servers[1].command == ("/usr/bin/llama-server", "--port", "30001")
 
 
+@pytest.mark.parametrize("port_arg", [["--port", "30001"], ["--port=30001"], ["-H", "[::]:30001"]])
+def test_command_engine_on_the_cpu(port_arg: list[str]) -> None:
+    """A server with no GPUs (the testbed's llama-server): engine command only, tp 0, no NUMA
+    warning, no overlap with anyone, and no warning while the command names the port."""
+    spec = validate(
+        changed(
+            {
+                "servers[1].engine": "command",
+                "servers[1].speculative": DROP,
+                "servers[1].command": ["llama-server", *port_arg],
+                "servers[1].gpus": [],
+                "servers[2].enabled": True,
+                "servers[2].port": 30002,
+                "servers[0].enabled": False,
+                "servers[1].health": "/health",
+                "servers[1].start_timeout": 120,
+            }
+        )
+    )
+    cpu = spec.servers[1]
+    assert (cpu.gpus, cpu.tp, cpu.health, cpu.start_timeout) == ((), 0, "/health", 120)
+    # Kimi's TP8 spans the nodes (warned); the CPU server has no warning of its own.
+    assert [w.path for w in spec.warnings] == ["servers[2].gpus"]
+
+
+def test_round_trip_of_a_cpu_server() -> None:
+    data = changed(
+        {
+            "servers[1].engine": "command",
+            "servers[1].speculative": DROP,
+            "servers[1].command": ["llama-server", "--port", "30001"],
+            "servers[1].gpus": [],
+        }
+    )
+    spec = validate(data)
+    assert validate(spec_to_dict(spec)) == dataclasses.replace(spec, source="")
+    assert issue_at(issues_of(changed({"servers[0].tp": 0})), "servers[0].tp", "tp is 0", "error")
+
+
+def test_vllm_takes_the_algorithms_it_has() -> None:
+    spec = validate(changed({"servers[3].engine": "vllm", "servers[3].enabled": False}))
+    assert spec.servers[3].engine == "vllm"
+    assert spec.server("kimi-tp8-eagle3") == spec.servers[3]
+    assert spec.server("nope") is None
+
+
 # --- the models the enabled servers need --------------------------------------------------------
 
 
@@ -734,6 +854,16 @@ def test_needed_models_leave_out_an_undeclared_drafter_and_other_models() -> Non
     )
     assert [m.name for m in spec.needed_models()] == ["qwen3.6-27b"]
     assert validate(changed({"servers": []})).needed_models() == ()
+
+
+def test_needed_models_of_given_servers_follow_spec_order() -> None:
+    """A serving set other than the enabled flags (a switch): the models of those servers."""
+    spec = validate(example())
+    kimi = [s for s in spec.servers if s.name == "kimi-tp8-eagle3"]
+    assert [m.name for m in spec.needed_models(kimi)] == ["kimi-k2.6", "kimi-k2.6-eagle3"]
+    assert [m.name for m in spec.needed_models(spec.servers[2:3])] == ["kimi-k2.6"]
+    assert spec.needed_models([]) == ()
+    assert spec.needed_models(spec.enabled_servers) == spec.needed_models()
 
 
 def test_model_to_dict_writes_the_size_with_its_unit() -> None:

@@ -24,7 +24,6 @@ ROOT = Path(__file__).parents[2]
 #: Tags the doctor names whose roles are promised by open issues. Delete an entry when its
 #: role is merged (the test then fails until you do).
 PROMISED = {
-    "container_shm": "issue 11: container provisioning (the /dev/shm mount)",
 }
 
 

@@ -1,6 +1,7 @@
 """playbooks/validate.yml with real ansible-playbook on the controller (localhost only): it refuses
 a bad spec with every path, exports the validated spec and SiteSpec.needed_models(), and the
-model_staging role's default model_staging_models reads them, also under --check --tags staging.
+model_staging role's defaults read them (every model, and the needed ones to stage), also under
+--check --tags staging.
 No testbed: the plays here run on localhost alone (the role itself runs in tests/testbed)."""
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def playbook(tmp_path: Path, *, validate: int = 1) -> tuple[Path, Path]:
                     "name": "Write model_staging_models and the exported spec",
                     "ansible.builtin.copy": {
                         "content": "{{ {'models': model_staging_models, "
+                        "'serving': model_staging_serving, "
                         "'validated': hostvars['localhost'].ct200_validated} | to_json }}",
                         "dest": str(out),
                         "mode": "0644",
@@ -78,15 +80,19 @@ def extra_vars(tmp_path: Path, site: dict[str, Any]) -> str:
 
 
 @pytest.mark.parametrize("args", [(), ("--check", "--tags", "staging")], ids=["run", "check-tag"])
-def test_role_default_is_the_validated_needed_models(tmp_path: Path, args: tuple[str, ...]) -> None:
+def test_role_defaults_are_every_model_and_the_needed_ones(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """Units for every model (a switch may stage any); enabled and staged: the needed ones."""
     play, out = playbook(tmp_path)
     r = ansible(play, *args)
     assert r.returncode == 0, r.stdout + r.stderr
     got = json.loads(out.read_text())
     spec = load_spec(EXAMPLE_DIR)
-    assert got["models"] == [model_to_dict(m) for m in spec.needed_models()]
-    assert [m["name"] for m in got["models"]] == ["qwen3.6-27b", "qwen3.6-27b-dflash"]
-    assert got["validated"]["needed_models"] == got["models"]
+    assert got["models"] == [model_to_dict(m) for m in spec.models]
+    assert got["serving"] == [m.name for m in spec.needed_models()]
+    assert got["serving"] == ["qwen3.6-27b", "qwen3.6-27b-dflash"]
+    assert got["validated"]["needed_models"] == [model_to_dict(m) for m in spec.needed_models()]
     assert got["validated"]["site"]["shm"] == {"size": "1200G", "reserve_ram": "64G"}
     assert got["validated"]["warnings"] == []
 
@@ -98,8 +104,7 @@ def test_the_switch_to_kimi_stages_kimi_and_its_drafter(tmp_path: Path) -> None:
     play, out = playbook(tmp_path)
     r = ansible(play, "-e", extra_vars(tmp_path, site))
     assert r.returncode == 0, r.stdout + r.stderr
-    names = [m["name"] for m in json.loads(out.read_text())["models"]]
-    assert names == ["kimi-k2.6", "kimi-k2.6-eagle3"]
+    assert json.loads(out.read_text())["serving"] == ["kimi-k2.6", "kimi-k2.6-eagle3"]
 
 
 def test_warnings_are_shown(tmp_path: Path) -> None:

@@ -1,0 +1,291 @@
+"""ct200-serve: parse options, call ct200_tools.serve, print, exit. No logic of its own."""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+import click
+
+from ct200_tools import __version__
+from ct200_tools.cli.options import spec_option
+from ct200_tools.serve.systemd import SystemdError
+from ct200_tools.serving import ServingError
+from ct200_tools.spec import ServerSpec, SiteSpec, SpecError
+
+EPILOG = """\b
+Examples:
+  ct200-serve status                          the serving set and each server's unit
+  ct200-serve switch kimi-tp8-eagle3          serve Kimi; stops the Qwen servers on its GPUs
+  ct200-serve switch qwen-tp4-ddtree qwen-tp4-dflash --json
+  ct200-serve switch kimi-tp8 --exact --dry-run   the plan alone; serve kimi-tp8 and nothing else
+
+\b
+Inside each server unit (not for people):
+  ct200-serve preflight NAME      ExecStartPre: engine, config, models staged, GPU nodes
+  ct200-serve wait-ready NAME     ExecStartPost: GET the readiness path until it answers 200
+
+\b
+The serving set lives in /var/lib/ct200/serving.json; without it the spec's enabled flags rule.
+Exit codes: 0 done, 1 failed (switch: the previous set serves again), 2 bad input or refused
+before any change, 3 the tool itself broke, 4 a switch failed and the previous set does not
+serve again (the report names what does not).
+"""
+SCHEMA_VERSION = 1
+
+
+class Exit(enum.IntEnum):
+    OK = 0
+    FAILED = 1
+    BAD_INPUT = 2
+    INTERNAL = 3
+    NOT_RESTORED = 4
+
+
+def _load(spec_path: str | None) -> SiteSpec:
+    from ct200_tools.spec import find_spec, load_spec  # noqa: PLC0415
+
+    choice = find_spec(spec_path)
+    if choice.path is None:
+        raise ServingError(choice.describe(), "pass --spec PATH (normally /etc/ct200/site.yml)")
+    return load_spec(choice.path)
+
+
+def _server(site: SiteSpec, name: str) -> ServerSpec:
+    from ct200_tools.serving import resolve  # noqa: PLC0415
+
+    return resolve(site, [name])[0]
+
+
+def _json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")(fn)
+
+
+def _emit(command: str, ok: bool, result: dict[str, object]) -> None:
+    envelope = {"schema_version": SCHEMA_VERSION, "command": command, "ok": ok}
+    click.echo(json.dumps({**envelope, "result": result, "error": None}, indent=1))
+
+
+@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ct200-serve")
+def cli() -> None:
+    """Switch what this machine serves, and run the checks inside each server's unit."""
+
+
+@cli.command()
+@click.argument("names", nargs=-1, required=True, metavar="NAME...")
+@spec_option
+@click.option("--exact", is_flag=True, help="Serve NAME... alone: stop every other server.")
+@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
+@_json_option
+def switch(
+    names: tuple[str, ...], spec_path: str | None, exact: bool, dry_run: bool, as_json: bool
+) -> None:
+    """Serve NAME...: stop the servers on their GPUs or ports, stage, start, persist."""
+    from ct200_tools.serve import switch as sw  # noqa: PLC0415
+
+    site = _load(spec_path)
+    with contextlib.nullcontext() if dry_run else sw.locked():
+        report = sw.Switch(site).run(names, exact=exact, dry_run=dry_run)
+    if as_json:
+        _emit("switch", report.ok, report.to_dict())
+    else:
+        for line in switch_lines(report):
+            click.echo(line)
+    if report.ok:
+        sys.exit(Exit.OK)
+    sys.exit(Exit.FAILED if report.restored else Exit.NOT_RESTORED)
+
+
+def switch_lines(report: Any) -> list[str]:
+    target = ", ".join(report.target) or "nothing"
+    was = ", ".join(report.previous) or "nothing"
+    if report.dry_run:
+        head = f"ct200-serve switch (dry run): would serve {target} (now {was})"
+    elif report.ok:
+        head = f"ct200-serve switch: serving {target} (was {was})"
+    else:
+        head = f"ct200-serve switch: FAILED at {report.failure}"
+    lines = [head]
+    for step in report.steps:
+        items = ", ".join(
+            f"{i.name} {i.seconds:.1f} s" + ("" if i.ok else " FAILED") for i in step.items
+        )
+        lines.append(f"  {step.name:<8}{step.seconds:8.1f} s  {items or step.detail}")
+        if step.items and step.detail and step.name in ("plan", "restore", "drop"):
+            lines.append(f"  {'':<8}{'':>10}  {step.detail}")
+    lines.append(f"  {'total':<8}{sum(s.seconds for s in report.steps):8.1f} s")
+    lines += [f"  warning: {w}" for w in report.warnings]
+    if not report.ok:
+        state = "the previous set serves again" if report.restored else "NOT all restored"
+        lines.append(f"  {state}:")
+        lines += [f"    {name}: {what}" for name, what in report.serving.items()]
+    else:
+        lines += [
+            f"    {name}: {what}" for name, what in report.serving.items() if what != "serving"
+        ]
+    return lines
+
+
+@cli.command()
+@spec_option
+@_json_option
+def status(spec_path: str | None, as_json: bool) -> None:
+    """The serving set, where it comes from, and each server's unit."""
+    from ct200_tools import serving  # noqa: PLC0415
+    from ct200_tools.serve import engine  # noqa: PLC0415
+    from ct200_tools.serve.systemd import Systemd  # noqa: PLC0415
+
+    site = _load(spec_path)
+    chosen = serving.current(site)
+    units = Systemd().show([engine.unit_name(s.name) for s in site.servers])
+    rows = [
+        {
+            "name": s.name,
+            "in_set": s.name in chosen.names,
+            "unit": engine.unit_name(s.name),
+            "active": units[engine.unit_name(s.name)].active,
+            "enabled": units[engine.unit_name(s.name)].file_state,
+            "url": engine.base_url(s),
+        }
+        for s in site.servers
+    ]
+    result: dict[str, object] = {
+        "serving": list(chosen.names),
+        "source": chosen.source,
+        "unknown": list(chosen.unknown),
+        "servers": rows,
+    }
+    if as_json:
+        _emit("status", True, result)
+        return
+    source = serving.STATE_PATH if chosen.source == "serving.json" else "the spec's enabled flags"
+    click.echo(f"serving set ({source}): {', '.join(chosen.names) or 'none'}")
+    for name in chosen.unknown:
+        click.echo(f"  ignored: {name} is in {serving.STATE_PATH} but not in the spec")
+    for row in rows:
+        mark = "*" if row["in_set"] else " "
+        click.echo(
+            f" {mark} {row['name']:<24} {row['active']:<12} {row['enabled']:<9} {row['url']}"
+        )
+
+
+@cli.command("wait-ready")
+@click.argument("name")
+@spec_option
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    help="Seconds to wait [default: from the spec, a tenth less than the unit's start timeout].",
+)
+def wait_ready(name: str, spec_path: str | None, timeout: float | None) -> None:
+    """Poll server NAME's readiness path until it answers 200 (the unit's ExecStartPost)."""
+    from ct200_tools.serve import engine, notify  # noqa: PLC0415
+    from ct200_tools.serve.ready import process_alive  # noqa: PLC0415
+    from ct200_tools.serve.ready import wait_ready as poll  # noqa: PLC0415
+
+    site = _load(spec_path)
+    server = _server(site, name)
+    deadline = timeout if timeout is not None else engine.ready_timeout(site, server)
+    main_pid = os.environ.get("MAINPID", "")  # set by systemd for ExecStartPost
+    alive = process_alive(int(main_pid)) if main_pid.isdigit() else None
+    got = poll(engine.ready_url(server), deadline, alive=alive)
+    if got.ok:
+        said = f"{name} serves: GET {got.url} answered 200 after {got.seconds:.2f} s"
+        click.echo(f"ct200-serve: {said}")
+        notify.status(f"serving: GET {got.url} answered 200 after {got.seconds:.2f} s")
+        sys.exit(Exit.OK)
+    if got.exited:
+        said = f"the engine (pid {main_pid}) exited after {got.seconds:.1f} s, before it served"
+        click.echo(f"ct200-serve: {name}: {said}")
+        click.echo(
+            "  fix: its own lines above (journalctl -u " + engine.unit_name(name) + ") say why"
+        )
+        notify.status(f"not serving: {said}; journalctl -u {engine.unit_name(name)} says why")
+        sys.exit(Exit.FAILED)
+    index = site.servers.index(server)
+    said = f"does not serve after {got.seconds:.0f} s: GET {got.url} last got {got.last}"
+    click.echo(f"ct200-serve: {name} {said} ({got.polls} polls)")
+    notify.status(f"not serving: {said}")
+    click.echo(
+        f"  fix: if the model needs longer to load, raise servers[{index}].start_timeout in the "
+        f"site spec (now {engine.start_timeout(site, server)} s); otherwise the engine's lines "
+        f"above (journalctl -u {engine.unit_name(name)}) say where it is stuck"
+    )
+    sys.exit(Exit.FAILED)
+
+
+@cli.command()
+@click.argument("name")
+@spec_option
+def preflight(name: str, spec_path: str | None) -> None:
+    """Check what server NAME needs before its engine starts (the unit's ExecStartPre)."""
+    from ct200_tools.serve import notify  # noqa: PLC0415
+    from ct200_tools.serve.preflight import Preflight  # noqa: PLC0415
+
+    site = _load(spec_path)
+    server = _server(site, name)
+    problems = Preflight(site, server).problems()
+    if not problems:
+        click.echo(f"ct200-serve preflight {name}: ok")
+        notify.status("preflight passed; starting")
+        sys.exit(Exit.OK)
+    click.echo(f"ct200-serve preflight {name}: {len(problems)} problem(s), not starting")
+    for problem in problems:
+        for line in problem.lines():
+            click.echo(line)
+    first = problems[0]
+    more = f" (+{len(problems) - 1} more in the journal)" if len(problems) > 1 else ""
+    notify.status(f"preflight failed: {first.what}: {first.message}{more}; fix: {first.fix}")
+    sys.exit(Exit.FAILED)
+
+
+def _fail(lines: Sequence[str], code: Exit) -> NoReturn:
+    for line in lines:
+        click.echo(line, err=True)
+    sys.exit(code)
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """Console entry: every error becomes a message and an exit code, never a traceback."""
+    try:
+        cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
+    except ServingError as exc:
+        _fail(
+            [f"ct200-serve: {exc.message}", *([f"  fix: {exc.fix}"] if exc.fix else [])],
+            Exit.BAD_INPUT,
+        )
+    except SpecError as exc:
+        _fail([f"ct200-serve: {exc}", *(f"  error: {i}" for i in exc.issues)], Exit.BAD_INPUT)
+    except SystemdError as exc:
+        _fail([f"ct200-serve: {exc}", "  fix: run it where systemd runs, as root"], Exit.BAD_INPUT)
+    except OSError as exc:
+        where = exc.filename or "a file"
+        _fail(
+            [f"ct200-serve: {where}: {exc.strerror or exc}", "  fix: run it as root"], Exit.FAILED
+        )
+    except click.exceptions.Abort:
+        _fail(["ct200-serve: interrupted"], Exit.FAILED)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(Exit.BAD_INPUT)
+    except BrokenPipeError:
+        os._exit(Exit.OK)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: no traceback by default
+        click.echo(f"ct200-serve: internal error: {type(exc).__name__}: {exc}", err=True)
+        if os.environ.get("CT200_DEBUG"):
+            traceback.print_exc()
+        else:
+            click.echo("  (set CT200_DEBUG=1 for the traceback; please report it)", err=True)
+        sys.exit(Exit.INTERNAL)
+    sys.exit(Exit.OK)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""systemctl and journalctl, as argv lists with deadlines: what ct200-serve does to units.
+
+No D-Bus library: `systemctl show` prints stable KEY=VALUE blocks, one per unit in the order
+asked, and start/stop block until the job is done, which is what a switch wants to time.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+#: Runs argv with a timeout (seconds); returns (exit status, stdout, stderr).
+Run = Callable[[Sequence[str], float], tuple[int, str, str]]
+
+SHOW_PROPERTIES: Final = ("Id", "LoadState", "ActiveState", "SubState", "Result", "UnitFileState")
+#: States in which a unit holds (or is about to hold) its GPUs and port.
+RUNNING: Final = ("active", "activating", "reloading", "deactivating")
+QUICK_S: Final = 30.0
+
+
+def run_argv(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+    try:
+        proc = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return 124, "", f"{argv[0]} {argv[1] if len(argv) > 1 else ''} ran over {timeout:.0f} s"
+    except FileNotFoundError:
+        return 127, "", f"{argv[0]}: not found (not a systemd machine?)"
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@dataclass(frozen=True)
+class UnitState:
+    unit: str
+    load: str = ""
+    active: str = ""
+    sub: str = ""
+    result: str = ""
+    file_state: str = ""
+
+    @property
+    def running(self) -> bool:
+        return self.active in RUNNING
+
+    @property
+    def enabled(self) -> bool:
+        return self.file_state in ("enabled", "enabled-runtime")
+
+    def describe(self) -> str:
+        what = f"{self.active} ({self.sub})" if self.sub else self.active or "unknown"
+        if self.active == "failed" and self.result:
+            what += f", result {self.result}"
+        return what
+
+
+class SystemdError(Exception):
+    """systemctl could not be asked at all (not a systemd machine, systemd hung)."""
+
+
+def parse_show(text: str, units: Sequence[str]) -> dict[str, UnitState]:
+    blocks: list[dict[str, str]] = []
+    current: dict[str, str] = {}
+    for line in [*text.splitlines(), ""]:
+        if not line.strip():
+            if current:
+                blocks.append(current)
+                current = {}
+            continue
+        key, _, value = line.partition("=")
+        current[key] = value
+    out: dict[str, UnitState] = {}
+    for i, block in enumerate(blocks):
+        name = block.get("Id") or (units[i] if i < len(units) else "")
+        if name not in units and i < len(units):
+            name = units[i]  # an alias resolved to another Id: keep the name asked for
+        out[name] = UnitState(
+            name,
+            block.get("LoadState", ""),
+            block.get("ActiveState", ""),
+            block.get("SubState", ""),
+            block.get("Result", ""),
+            block.get("UnitFileState", ""),
+        )
+    return out
+
+
+class Systemd:
+    def __init__(self, run: Run = run_argv) -> None:
+        self.run = run
+
+    def show(self, units: Sequence[str]) -> dict[str, UnitState]:
+        if not units:
+            return {}
+        argv = ["systemctl", "show", "--no-pager", f"--property={','.join(SHOW_PROPERTIES)}"]
+        rc, out, err = self.run([*argv, *units], QUICK_S)
+        if rc != 0:
+            raise SystemdError(f"systemctl show: {err.strip() or f'exit {rc}'}")
+        states = parse_show(out, units)
+        return {u: states.get(u, UnitState(u)) for u in units}
+
+    def start(self, unit: str, timeout: float) -> tuple[bool, str]:
+        """Blocks until the start job ends: for a server, until ExecStartPost saw it serve."""
+        rc, _, err = self.run(["systemctl", "start", unit], timeout)
+        return rc == 0, err.strip()
+
+    def stop(self, units: Sequence[str], timeout: float) -> tuple[bool, str]:
+        if not units:
+            return True, ""
+        rc, _, err = self.run(["systemctl", "stop", *units], timeout)
+        return rc == 0, err.strip()
+
+    def quick(self, verb: str, units: Sequence[str]) -> tuple[bool, str]:
+        """enable, disable, reset-failed: no job to wait for."""
+        if not units:
+            return True, ""
+        rc, _, err = self.run(["systemctl", verb, "--quiet", *units], QUICK_S)
+        return rc == 0, err.strip()
+
+    def journal(self, unit: str, lines: int = 12) -> list[str]:
+        """The unit's last journal lines of its last run (cat format), for a failure report."""
+        argv = ["journalctl", "--no-pager", "--output=cat", f"--lines={lines}", f"--unit={unit}"]
+        rc, out, _ = self.run(argv, QUICK_S)
+        return out.splitlines()[-lines:] if rc == 0 else []

@@ -1,0 +1,184 @@
+"""The serving set: which servers of the site spec run, kept across reboots.
+
+`ct200-serve switch` writes it to /var/lib/ct200/serving.json (whole or not at all: temp file,
+fsync, rename); the inference_servers role enables exactly its units, so a reboot brings the same
+set back. Absent, the spec's `enabled` flags are the serving set. The doctor reads it through
+read_state()/serving_set() to judge the servers that should run, and nothing else.
+
+A set is usable when its servers share no GPU and no port (check_set); the spec's validation
+checks the same of the enabled servers, since they are the default set.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from ct200_tools.fsutil import write_atomic
+from ct200_tools.spec import ServerSpec, SiteSpec
+from ct200_tools.spec.read import did_you_mean
+
+STATE_PATH: Final = "/var/lib/ct200/serving.json"
+#: Names the file's format; a reader refuses a version it does not know.
+KIND: Final = "ct200-serving-set"
+SCHEMA_VERSION: Final = 1
+#: A serving set lists server names; anything this large is not one.
+MAX_BYTES: Final = 1 << 20
+
+Source = Literal["serving.json", "spec"]
+
+
+class ServingError(Exception):
+    """A serving set that cannot be used, with what to do about it."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        self.message = message
+        self.fix = fix
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class ServingState:
+    """What serving.json holds: the servers, when and by what they were chosen."""
+
+    servers: tuple[str, ...]
+    switched_at: str = ""
+    by: str = "ct200-serve switch"
+
+    def to_json(self) -> str:
+        data = {
+            "kind": KIND,
+            "schema_version": SCHEMA_VERSION,
+            "servers": list(self.servers),
+            "switched_at": self.switched_at,
+            "by": self.by,
+        }
+        return json.dumps(data, indent=1) + "\n"
+
+
+@dataclass(frozen=True)
+class ServingSet:
+    """The servers that should run, where that choice came from, and names the state file
+    lists that the spec no longer has (ignored: the spec was changed since the switch)."""
+
+    servers: tuple[ServerSpec, ...]
+    source: Source
+    unknown: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.servers)
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def parse(text: str, path: str = STATE_PATH) -> ServingState:
+    """The state in `text`; ServingError naming the path and the fix when it is not one."""
+    fix = (
+        f"choose the serving set again with `ct200-serve switch NAME...` (it rewrites {path}), "
+        f"or remove {path} to serve the spec's enabled servers"
+    )
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ServingError(f"{path} is not JSON ({exc})", fix) from None
+    if not isinstance(data, dict) or data.get("kind") != KIND:
+        raise ServingError(f'{path} is not a serving set (no "kind": "{KIND}")', fix)
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise ServingError(
+            f"{path} has schema_version {data.get('schema_version')!r}; this ct200-tools reads "
+            f"{SCHEMA_VERSION}",
+            "install the ct200-tools that wrote it, or " + fix,
+        )
+    servers = data.get("servers")
+    if not isinstance(servers, list) or not all(isinstance(s, str) for s in servers):
+        raise ServingError(f'{path}: "servers" is not a list of server names', fix)
+    switched_at, by = data.get("switched_at", ""), data.get("by", "")
+    return ServingState(tuple(servers), str(switched_at), str(by))
+
+
+def read_state(path: str = STATE_PATH) -> ServingState | None:
+    """The recorded serving set, or None when there is none (the spec's enabled flags rule)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ServingError(
+            f"cannot read {path}: {exc.strerror}", "run as root, or check the file's mode"
+        ) from None
+    if len(text) > MAX_BYTES:
+        raise ServingError(f"{path} is larger than {MAX_BYTES} bytes: not a serving set", "")
+    return parse(text, path)
+
+
+def write_state(state: ServingState, path: str = STATE_PATH) -> None:
+    """Atomically: a crash leaves the old set or the new one, never half a file."""
+    write_atomic(path, state.to_json(), 0o644)
+
+
+def remove_state(path: str = STATE_PATH) -> bool:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def serving_set(site: SiteSpec, state: ServingState | None) -> ServingSet:
+    """The servers that should run: those the state names (in spec order), else the enabled."""
+    if state is None:
+        return ServingSet(site.enabled_servers, "spec")
+    known = {s.name for s in site.servers}
+    chosen = set(state.servers)
+    servers = tuple(s for s in site.servers if s.name in chosen)
+    unknown = tuple(n for n in state.servers if n not in known)
+    return ServingSet(servers, "serving.json", unknown)
+
+
+def current(site: SiteSpec, path: str = STATE_PATH) -> ServingSet:
+    return serving_set(site, read_state(path))
+
+
+def resolve(site: SiteSpec, names: Iterable[str]) -> tuple[ServerSpec, ...]:
+    """The spec's servers of these names, in spec order; ServingError for a name it lacks."""
+    wanted = list(dict.fromkeys(names))
+    known = [s.name for s in site.servers]
+    missing = [n for n in wanted if n not in known]
+    if missing:
+        hint = did_you_mean(missing[0], known)
+        raise ServingError(
+            f"no server {', '.join(repr(n) for n in missing)} in the site spec{hint}",
+            f"name servers of the spec: {', '.join(known) or 'it has none'}",
+        )
+    return tuple(s for s in site.servers if s.name in wanted)
+
+
+def conflicts(servers: Sequence[ServerSpec]) -> list[str]:
+    """Why these servers cannot run together: shared GPUs or ports, one line per pair."""
+    found: list[str] = []
+    for j, server in enumerate(servers):
+        for other in servers[:j]:
+            if shared := sorted(set(server.gpus) & set(other.gpus)):
+                gpus = ", ".join(map(str, shared))
+                found.append(f"{other.name} and {server.name} both use GPUs {gpus}")
+            if server.port == other.port:
+                found.append(f"{other.name} and {server.name} both listen on port {server.port}")
+    return found
+
+
+def check_set(servers: Sequence[ServerSpec]) -> None:
+    """ServingError when the servers cannot all run at once."""
+    problems = conflicts(servers)
+    if problems:
+        raise ServingError(
+            "these servers cannot run together: " + "; ".join(problems),
+            "serve one of each pair: each GPU and each port can belong to one server at a time",
+        )

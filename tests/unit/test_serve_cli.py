@@ -1,0 +1,103 @@
+"""ct200-serve as a user (and a unit) runs it: exit codes, messages, never a traceback."""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.unit.spec_helpers import changed
+
+SERVE = str(Path(sys.executable).parent / "ct200-serve")
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SERVE, *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+def spec_with_port(tmp_path: Path, port: int) -> str:
+    data = changed(
+        {
+            "servers[1].engine": "command",
+            "servers[1].speculative": None,
+            "servers[1].gpus": [],
+            "servers[1].port": port,
+            "servers[1].health": "/health",
+            "servers[1].command": ["/usr/local/bin/llama-server", "--port", str(port)],
+        }
+    )
+    path = tmp_path / "site.yml"
+    path.write_text(yaml.safe_dump({"ct200_site": data}))
+    return str(path)
+
+
+@pytest.fixture
+def listening() -> Iterator[int]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield int(server.server_address[1])
+    server.shutdown()
+    server.server_close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_wait_ready_of_a_serving_server(tmp_path: Path, listening: int) -> None:
+    proc = run("wait-ready", "qwen-tp4-dflash", "--spec", spec_with_port(tmp_path, listening))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith(
+        f"ct200-serve: qwen-tp4-dflash serves: GET http://127.0.0.1:{listening}/health answered 200"
+    )
+
+
+def test_wait_ready_gives_up_with_the_fix(tmp_path: Path) -> None:
+    port = free_port()
+    spec = spec_with_port(tmp_path, port)
+    proc = run("wait-ready", "qwen-tp4-dflash", "--spec", spec, "--timeout", "0.5")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"GET http://127.0.0.1:{port}/health last got" in proc.stdout
+    assert "raise servers[1].start_timeout" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("wait-ready", "nope", "--spec", "inventory/ct200"), "no server 'nope' in the site spec"),
+        (("preflight", "x", "--spec", "/nonexistent/site.yml"), "/nonexistent/site.yml"),
+        (("switch", "--spec", "inventory/ct200"), "Missing argument"),
+        (("switch", "kimi-tp8", "kimi-tp8-eagle3", "--spec", "inventory/ct200"), "together"),
+        (("wait-ready", "kimi-tp8", "--spec", "inventory/ct200", "--timeout", "0"), "0.1"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(args: tuple[str, ...], fragment: str) -> None:
+    proc = run(*args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert fragment in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_help_lists_the_commands_and_exit_codes() -> None:
+    proc = run("--help")
+    assert proc.returncode == 0
+    for word in ("switch", "status", "wait-ready", "preflight", "Exit codes"):
+        assert word in proc.stdout
