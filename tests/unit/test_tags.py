@@ -23,8 +23,7 @@ ROOT = Path(__file__).parents[2]
 
 #: Tags the doctor names whose roles are promised by open issues. Delete an entry when its
 #: role is merged (the test then fails until you do).
-PROMISED = {
-}
+PROMISED = {}
 
 
 @functools.cache
