@@ -126,26 +126,41 @@ def test_scoped_cuda_child_sees_only_the_servers_gpus(
     monkeypatch.setattr(warmup, "CUDA_CHILD", child)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     scope = Scope("qwen-tp4-dflash", (4, 5, 6, 7), (), 30001)
-    got = collect(reader=Reader(root=tmp_path), scope=scope, only={"cuda"})
+    got = collect(reader=Reader(root=tmp_path), scope=scope, only={"cuda"}, cuda_mode="all")
     assert got.cuda is not None and got.cuda.name == "4,5,6,7"
     assert got.kernel is None and got.unreadable["kernel"] == NOT_NEEDED
-    whole = collect(reader=Reader(root=tmp_path), only={"cuda"})
+    whole = collect(reader=Reader(root=tmp_path), only={"cuda"}, cuda_mode="all")
     assert whole.cuda is not None and whole.cuda.name == "unset"
 
 
+def test_scoped_per_gpu_children_are_the_servers_gpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_prestart: None
+) -> None:
+    """Per-GPU mode: one real child per GPU of the server, each seeing only its own GPU."""
+    child = (
+        "import json, os\n"
+        'print(json.dumps({"code": 0, "visible": os.environ["CUDA_VISIBLE_DEVICES"]}))\n'
+    )
+    monkeypatch.setattr(warmup, "PER_GPU_CHILD", child)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    scope = Scope("qwen-tp4-dflash", (4, 5, 6, 7), (), 30001)
+    got = collect(reader=Reader(root=tmp_path), scope=scope, only={"cuda"}, cuda_mode="per-gpu")
+    assert got.cuda is not None and got.cuda.mode == "per-gpu"
+    assert [(g.index, g.visible) for g in got.cuda.gpus] == [(i, str(i)) for i in (4, 5, 6, 7)]
+
+
 def test_a_prestarted_child_is_not_used_by_a_scoped_run(
-    monkeypatch: pytest.MonkeyPatch, no_prestart: None
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_prestart: None
 ) -> None:
     monkeypatch.setattr(warmup, "CUDA_CHILD", "import sys; sys.stdin.read()\n")
-    pre = warmup.spawn_cuda_child()
+    pre = warmup.spawn("all", str(tmp_path))
     monkeypatch.setattr(warmup, "_prestarted", pre)
-    proc, _ = warmup.take_cuda_child("0")
+    got = warmup.take("all", str(tmp_path), (0,))
     try:
-        assert proc is not pre[0]
-        assert pre[0].poll() is not None  # ended, not left running
+        assert got is not pre
+        assert all(c.proc.poll() is not None for c in pre.children)  # ended, not left running
     finally:
-        proc.kill()
-        proc.communicate()
+        got.kill()
 
 
 def test_an_older_snapshot_says_why_it_has_no_servers() -> None:
