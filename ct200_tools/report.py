@@ -260,8 +260,12 @@ def gate_verdict(findings: Sequence[Finding], server: str, code: int) -> str:
         if x.remediation is not None:
             r = x.remediation
             cmd = (r.command or "").splitlines()
-            fix = f"; fix on {r.where}: " + (f"{cmd[0]}" if cmd else r.action)
-        parts.append(f"{root}: {x.summary}{fix}")
+            more = f" (and {len(cmd) - 1} more lines above)" if len(cmd) > 1 else ""
+            fix = f"; fix on {r.where}: " + (f"{cmd[0]}{more}" if cmd else r.action)
+        # The first evidence line names the cause (the node, errno, major): what the summary
+        # counts. Not repeated when the summary already says it.
+        cause = x.evidence[0] if x.evidence and x.evidence[0] not in x.summary else ""
+        parts.append(f"{root}: {x.summary}" + (f": {cause}" if cause else "") + fix)
     return f"ct200-doctor gate {server}: no-go: " + " | ".join(parts)
 
 

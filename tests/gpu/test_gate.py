@@ -96,7 +96,7 @@ def test_gate_goes_with_cuda_on_the_servers_gpu_only(site: tuple[Path, dict[str,
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.splitlines()[-1].startswith("ct200-doctor gate bench: go (")
     # cuInit in the gate sees the server's one GPU, however many the machine has.
-    assert "cuInit ok, 1 device," in r.stdout, r.stdout
+    assert "a CUDA context on each of 1 GPU (one child per GPU)" in r.stdout, r.stdout
 
 
 def test_gate_stops_a_server_whose_cgroup_denies_nvidia_uvm(
@@ -134,4 +134,4 @@ def test_check_server_records_probe_times(site: tuple[Path, dict[str, str]]) -> 
     print(f"\ncheck --server bench probes: {probes}")
     assert probes["cuda"] > 0
     cuda = {c["id"]: c for c in doc["checks"]}["gpu.cuda_init"]
-    assert cuda["status"] == "pass" and "1 device," in cuda["summary"]
+    assert cuda["status"] == "pass" and "on each of 1 GPU" in cuda["summary"]

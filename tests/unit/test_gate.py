@@ -17,7 +17,7 @@ from ct200_tools.facts import LATER_SECTIONS, OLDER_SNAPSHOT, DevNode, Facts, lo
 from ct200_tools.gate import run_gate
 from ct200_tools.probes import NOT_NEEDED, collect
 from ct200_tools.probes.base import Reader
-from ct200_tools.report import Exit
+from ct200_tools.report import Exit, gate_verdict
 from ct200_tools.scope import Scope, UnknownServerError
 from ct200_tools.spec import SiteSpec, load_spec
 from tests.unit import server_facts as sf
@@ -295,3 +295,14 @@ def test_a_model_still_staging_stops_the_gate_but_only_warns_a_check(ct200: Site
     assert gate.remediation is not None
     assert gate.remediation.command == "ct200-stage status --spec /etc/ct200/site.yml"
     assert seen.status == "warn"
+
+
+def test_gate_verdict_names_the_denied_node_and_counts_the_fix_lines() -> None:
+    """The one line systemctl status shows: the root, what it found (node, major, errno), and
+    where the multi-line fix is (issue 11: the journal says why, without scrolling)."""
+    f = loads((FIX / "h200-uvm-denied.json").read_text())
+    findings = run_checks(f, None)
+    line = gate_verdict(findings, "bench", Exit.FAILURES)
+    assert line.startswith("ct200-doctor gate bench: no-go: dev.open: 2 device nodes cannot be ")
+    assert "the device cgroup denies c 238:0 (nvidia-uvm): open(/dev/nvidia-uvm) = EPERM" in line
+    assert "more lines above" in line
