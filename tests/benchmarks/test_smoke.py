@@ -189,3 +189,35 @@ def test_servers_benchmark(testbed_requirements: None, tmp_path: Path) -> None:
         assert {"plan", "stop", "start", "persist", "total"} <= set(direction)
     text = (tmp_path / "results.txt").read_text()
     assert text.startswith("benchmarks/servers:") and "reproduce:" in text
+
+
+@pytest.mark.parametrize("mode", ["per-gpu", "all"])
+def test_doctor_phases(mode: str) -> None:
+    """benchmarks/doctor/phases.py: the doctor's own path, phase by phase, one run; the phases
+    end in order (each stamp after the one before)."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/doctor/phases.py",
+            "--spec",
+            "benchmarks/doctor/h200-site.yml",
+            "--runs",
+            "1",
+            "--cuda-init",
+            mode,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    ends = {
+        line[:14].strip(): float(line[14:].split()[0])
+        for line in proc.stdout.splitlines()[1:]
+        if line.startswith("  ")
+    }
+    order = ["prestarted", "imported", "spec", "probed", "judged", "rendered"]
+    assert [ends[p] for p in order] == sorted(ends[p] for p in order)
+    assert ends["process"] >= ends["rendered"]
