@@ -1,6 +1,7 @@
 """Where a `ct200-doctor check` spends its time: the doctor's own path, phase by phase.
 
     python3 benchmarks/doctor/phases.py --spec SITE.yml [--runs 10] [--cuda-init per-gpu|all]
+        [--no-nvml-prestart]
 
 Each run is a fresh interpreter that walks the path `ct200-doctor check` takes (prestart the CUDA
 children, import the doctor, load the spec, probe, judge, render) and stamps the time after each
@@ -26,10 +27,13 @@ REPO = Path(__file__).resolve().parents[2]
 # Runs in the child: the doctor's own steps, each stamped (perf_counter from interpreter start is
 # not available, so the parent's spawn time is the origin and the child reports deltas).
 CHILD = r"""
-import json, sys, time
+import json, os, sys, time
 t = {"start": time.perf_counter()}
 from ct200_tools import warmup
-warmup.start(["check", "--cuda-init", sys.argv[2]])
+if sys.argv[3] == "1":
+    warmup.start(["check", "--cuda-init", sys.argv[2]])
+else:  # the CUDA children alone: NVML initialises in the nvml probe, after the imports
+    warmup._prestarted = warmup.spawn(sys.argv[2])
 t["prestarted"] = time.perf_counter()
 import ct200_tools.cli.doctor
 t["imported"] = time.perf_counter()
@@ -48,16 +52,18 @@ t["rendered"] = time.perf_counter()
 cuda = facts.cuda.duration_s if facts.cuda else None
 print(json.dumps({"t": {k: v - t["start"] for k, v in t.items()}, "cuda": cuda,
                   "probes": {p.name: p.duration_s for p in facts.probes}}))
+sys.stdout.flush()
+os._exit(0)  # as the console entry leaves (ct200_tools/cli/entry.py)
 """
 
 PHASES = ("prestarted", "imported", "spec", "probed", "judged", "rendered")
 
 
-def run_once(spec: str, mode: str) -> dict[str, object]:
+def run_once(spec: str, mode: str, nvml_prestart: bool) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, spec, mode],
+        [sys.executable, "-c", CHILD, spec, mode, "1" if nvml_prestart else "0"],
         capture_output=True,
         text=True,
         env=env,
@@ -77,13 +83,23 @@ def main() -> None:
     ap.add_argument("--spec", required=True)
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--cuda-init", default="per-gpu", choices=("per-gpu", "all"))
+    ap.add_argument(
+        "--no-nvml-prestart",
+        action="store_true",
+        help="start only the CUDA children early (does nvmlInit beside cuInit slow it down?)",
+    )
     args = ap.parse_args()
-    runs = [run_once(args.spec, args.cuda_init) for _ in range(max(1, args.runs))]
+    prestart = not args.no_nvml_prestart
+    runs = [run_once(args.spec, args.cuda_init, prestart) for _ in range(max(1, args.runs))]
 
     def med(values: list[float]) -> float:
         return statistics.median(values)
 
-    print(f"{len(runs)} runs, --cuda-init {args.cuda_init}: median seconds from process start")
+    nvml = "with" if prestart else "without"
+    print(
+        f"{len(runs)} runs, --cuda-init {args.cuda_init}, {nvml} the NVML prestart: "
+        "median seconds from process start"
+    )
     for phase in PHASES:
         times = [float(r["t"][phase]) for r in runs]  # type: ignore[index]
         print(f"  {phase:<12} {med(times):.3f}")
