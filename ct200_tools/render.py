@@ -21,7 +21,7 @@ from typing import Any, Final, cast
 import jinja2
 import yaml
 
-from ct200_tools.serve import engine
+from ct200_tools import engines
 from ct200_tools.spec import DEFAULT_SPEC_PATH, ServerSpec, SiteSpec, spec_to_dict, validate
 
 UNIT_TEMPLATE: Final = "ct200-server.service.j2"
@@ -81,8 +81,8 @@ def unit_fields(
     site = site_of(ct200_site)
     s = _server(site, server)
     bin_dir = tools_bin.rstrip("/")
-    models = engine.models_of(site, s)
-    nodes = engine.numa_nodes(site, s)
+    models = engines.models_of(site, s)
+    nodes = engines.numa_nodes(site, s)
     spec_arg = ["--spec", DEFAULT_SPEC_PATH]
     draft = s.speculative.draft_model if s.speculative else None
     drafter = next((m.name for m in models if m.staged == draft), draft)
@@ -90,38 +90,38 @@ def unit_fields(
     return {
         "name": s.name,
         "index": _index(site, s),
-        "unit": engine.unit_name(s.name),
+        "unit": engines.unit_name(s.name),
         "description": f"ct200 inference server {s.name} ({what})",
-        "stage_units": [engine.stage_unit(m.name) for m in models],
+        "stage_units": [engines.stage_unit(m.name) for m in models],
         "gpus": ",".join(str(g) for g in s.gpus),
         "numa_nodes": ",".join(str(n) for n in nodes) if nodes is not None else "",
         "numa_spans": nodes is not None and len(nodes) > 1,
         "numa_declared": bool(site.gpus.numa),
-        "user": engine.SERVICE_USER,
-        "cache_dir": engine.cache_dir(s.name),
-        "cache_rel": engine.cache_dir(s.name).removeprefix("/var/cache/"),
-        "env_file": engine.env_path(s.name),
-        "config_file": engine.config_path(s.name) if s.engine == "sglang" else "",
-        "preflight": engine.exec_line([f"{bin_dir}/ct200-serve", "preflight", s.name, *spec_arg]),
-        "gate": engine.exec_line([f"{bin_dir}/ct200-doctor", "gate", s.name, *spec_arg]),
-        "exec_start": engine.exec_line(engine.argv(site, s)),
-        "ready_path": engine.ready_path(s),
-        "wait_ready": engine.exec_line(
+        "user": engines.SERVICE_USER,
+        "cache_dir": engines.cache_dir(s.name),
+        "cache_rel": engines.cache_dir(s.name).removeprefix("/var/cache/"),
+        "env_file": engines.env_path(s.name),
+        "config_file": engines.config_path(s.name) if s.engine == "sglang" else "",
+        "preflight": engines.exec_line([f"{bin_dir}/ct200-serve", "preflight", s.name, *spec_arg]),
+        "gate": engines.exec_line([f"{bin_dir}/ct200-doctor", "gate", s.name, *spec_arg]),
+        "exec_start": engines.exec_line(engines.argv(site, s)),
+        "ready_path": engines.ready_path(s),
+        "wait_ready": engines.exec_line(
             [
                 f"{bin_dir}/ct200-serve",
                 "wait-ready",
                 s.name,
                 *spec_arg,
                 "--timeout",
-                str(engine.ready_timeout(site, s)),
+                str(engines.ready_timeout(site, s)),
             ]
         ),
-        "start_timeout": engine.start_timeout(site, s),
+        "start_timeout": engines.start_timeout(site, s),
         "start_timeout_default": s.start_timeout is None,
-        "stop_timeout": engine.STOP_TIMEOUT,
-        "restart_sec": engine.RESTART_SEC,
-        "burst": engine.START_LIMIT_BURST,
-        "interval": engine.start_limit_interval(site, s),
+        "stop_timeout": engines.STOP_TIMEOUT,
+        "restart_sec": engines.RESTART_SEC,
+        "burst": engines.START_LIMIT_BURST,
+        "interval": engines.start_limit_interval(site, s),
     }
 
 
@@ -136,13 +136,13 @@ def env_entries(server: Mapping[str, Any], ct200_site: Mapping[str, Any]) -> lis
             (d for p, d in ENV_PREFIX_DOCS.items() if key.startswith(p)), "Set by the site spec."
         )
         text = f"{key}: {doc} ({where}.{key})"
-        entries.append({"doc": textwrap.wrap(text, 98), "line": engine.env_file_line(key, value)})
+        entries.append({"doc": textwrap.wrap(text, 98), "line": engines.env_file_line(key, value)})
     return entries
 
 
 def sglang_yaml(server: Mapping[str, Any], ct200_site: Mapping[str, Any]) -> str:
     site = site_of(ct200_site)
-    config = engine.sglang_config(site, _server(site, server))
+    config = engines.sglang_config(site, _server(site, server))
     text = yaml.safe_dump(config, sort_keys=False, default_flow_style=False, allow_unicode=True)
     return text.rstrip("\n")  # the template ends the file with its own newline
 
@@ -164,9 +164,9 @@ class Rendered:
     config: str | None
 
     def files(self, name: str, unit_dir: str = "/etc/systemd/system") -> dict[str, str]:
-        out = {f"{unit_dir}/{engine.unit_name(name)}": self.unit, engine.env_path(name): self.env}
+        out = {f"{unit_dir}/{engines.unit_name(name)}": self.unit, engines.env_path(name): self.env}
         if self.config is not None:
-            out[engine.config_path(name)] = self.config
+            out[engines.config_path(name)] = self.config
         return out
 
 
@@ -189,7 +189,7 @@ def _load(name: str) -> str:
     return (resources.files("ct200_tools") / "templates" / name).read_text(encoding="utf-8")
 
 
-def render(site: SiteSpec, name: str, tools_bin: str = engine.DEFAULT_TOOLS_BIN) -> Rendered:
+def render(site: SiteSpec, name: str, tools_bin: str = engines.DEFAULT_TOOLS_BIN) -> Rendered:
     """The files of server `name` of `site`, as the inference_servers role writes them with
     inference_servers_tools_bin = tools_bin (the container play: the tools venv's bin, which is
     os.path.dirname(sys.executable) for ct200-tools' own commands there). KeyError for a name

@@ -43,8 +43,7 @@ class Scope:
         if server is None:
             names = ", ".join(s.name for s in spec.servers) or "none"
             raise UnknownServerError(f"no server {name!r} in the spec (its servers: {names})")
-        drafts = {server.speculative.draft_model} if server.speculative else set()
-        models = tuple(m.name for m in spec.models if m.name == server.model or m.staged in drafts)
+        models = tuple(m.name for m in spec.needed_models([server]))
         return cls(server.name, server.gpus, models, server.port, serving)
 
     def applies(self, about: tuple[About, ...]) -> bool:

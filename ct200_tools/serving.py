@@ -33,11 +33,13 @@ Source = Literal["serving.json", "spec"]
 
 
 class ServingError(Exception):
-    """A serving set that cannot be used, with what to do about it."""
+    """A serving set that cannot be used, with what to do about it; `reason` says what is wrong
+    without the path (the doctor's facts record it beside the path)."""
 
-    def __init__(self, message: str, fix: str) -> None:
+    def __init__(self, message: str, fix: str, reason: str | None = None) -> None:
         self.message = message
         self.fix = fix
+        self.reason = reason or message
         super().__init__(message)
 
 
@@ -87,18 +89,22 @@ def parse(text: str, path: str = STATE_PATH) -> ServingState:
     try:
         data = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        raise ServingError(f"{path} is not JSON ({exc})", fix) from None
+        raise ServingError(f"{path} is not JSON ({exc})", fix, "not JSON") from None
     if not isinstance(data, dict) or data.get("kind") != KIND:
-        raise ServingError(f'{path} is not a serving set (no "kind": "{KIND}")', fix)
+        why = f'not a serving set (no "kind": "{KIND}")'
+        raise ServingError(f"{path} is {why}", fix, why)
     if data.get("schema_version") != SCHEMA_VERSION:
+        why = (
+            f"schema_version {data.get('schema_version')!r}; this ct200-tools reads "
+            f"{SCHEMA_VERSION}"
+        )
         raise ServingError(
-            f"{path} has schema_version {data.get('schema_version')!r}; this ct200-tools reads "
-            f"{SCHEMA_VERSION}",
-            "install the ct200-tools that wrote it, or " + fix,
+            f"{path} has {why}", "install the ct200-tools that wrote it, or " + fix, why
         )
     servers = data.get("servers")
     if not isinstance(servers, list) or not all(isinstance(s, str) for s in servers):
-        raise ServingError(f'{path}: "servers" is not a list of server names', fix)
+        why = 'no "servers" list of names in it'
+        raise ServingError(f'{path}: "servers" is not a list of server names', fix, why)
     switched_at, by = data.get("switched_at", ""), data.get("by", "")
     return ServingState(tuple(servers), str(switched_at), str(by))
 
@@ -132,15 +138,28 @@ def remove_state(path: str = STATE_PATH) -> bool:
     return True
 
 
+def selected(
+    site: SiteSpec, names: Iterable[str] | None, only: str | None = None
+) -> tuple[ServerSpec, ...]:
+    """The one rule for which servers should run, in spec order: server `only` when one is
+    asked about (a gate, `check --server`); else those a recorded serving set names; else
+    (names None: no set recorded) the spec's enabled servers. The doctor's probes and checks
+    and the switch all choose through here."""
+    if only is not None:
+        return tuple(s for s in site.servers if s.name == only)
+    if names is None:
+        return site.enabled_servers
+    chosen = set(names)
+    return tuple(s for s in site.servers if s.name in chosen)
+
+
 def serving_set(site: SiteSpec, state: ServingState | None) -> ServingSet:
     """The servers that should run: those the state names (in spec order), else the enabled."""
     if state is None:
-        return ServingSet(site.enabled_servers, "spec")
+        return ServingSet(selected(site, None), "spec")
     known = {s.name for s in site.servers}
-    chosen = set(state.servers)
-    servers = tuple(s for s in site.servers if s.name in chosen)
     unknown = tuple(n for n in state.servers if n not in known)
-    return ServingSet(servers, "serving.json", unknown)
+    return ServingSet(selected(site, state.servers), "serving.json", unknown)
 
 
 def current(site: SiteSpec, path: str = STATE_PATH) -> ServingSet:

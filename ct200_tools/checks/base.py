@@ -17,6 +17,7 @@ from typing import Literal
 
 from ct200_tools.facts import Facts
 from ct200_tools.scope import About, Scope
+from ct200_tools.serving import selected
 from ct200_tools.spec import ModelSpec, ServerSpec, SiteSpec
 
 Status = Literal["pass", "warn", "fail", "skip", "error"]
@@ -127,24 +128,17 @@ class Context:
         return self.facts.why_unreadable(*keys)
 
     def serving_servers(self) -> tuple[ServerSpec, ...]:
-        """The servers the checks judge: the scope's server; else the serving set when one is
-        recorded (the switch writes it), else the spec's enabled servers."""
-        site = self.site
-        if self.scope is not None:
-            return tuple(s for s in site.servers if s.name == self.scope.server)
+        """The servers the checks judge (ct200_tools.serving.selected): the scope's server;
+        else the serving set when one is recorded (the switch writes it), else the spec's
+        enabled servers. Every check about servers, their GPUs or their models judges these."""
         serving = self.facts.serving
-        if serving is not None and serving.servers is not None:
-            names = set(serving.servers)
-            return tuple(s for s in site.servers if s.name in names)
-        return site.enabled_servers
+        names = serving.servers if serving is not None else None
+        only = self.scope.server if self.scope is not None else None
+        return selected(self.site, names, only)
 
     def needed_models(self) -> tuple[ModelSpec, ...]:
-        """The models the judged servers load (SiteSpec.needed_models' rule: each one's model
-        and the declared models whose staged path is its draft_model), in spec order."""
-        servers = self.serving_servers()
-        names = {s.model for s in servers}
-        drafts = {s.speculative.draft_model for s in servers if s.speculative}
-        return tuple(m for m in self.site.models if m.name in names or m.staged in drafts)
+        """The models the judged servers load: SiteSpec.needed_models of serving_servers()."""
+        return self.site.needed_models(self.serving_servers())
 
 
 CheckFn = Callable[[Context], Outcome]

@@ -1,4 +1,4 @@
-"""mem.*: /dev/shm and the memory cgroup: room for every model the enabled servers serve."""
+"""mem.*: /dev/shm and the memory cgroup: room for every model the serving servers serve."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def model_sizes(ctx: Context) -> tuple[dict[str, int], list[str]]:
     names whose size is unknown."""
     facts = {m.name: m for m in ctx.facts.models or ()}
     sizes, unknown = {}, []
-    for m in ctx.site.needed_models():
+    for m in ctx.needed_models():
         f = facts.get(m.name)
         size = f.source_bytes if f and f.source_bytes is not None else m.size
         if size is None:
@@ -27,12 +27,13 @@ def model_sizes(ctx: Context) -> tuple[dict[str, int], list[str]]:
     "mem.shm",
     "/dev/shm size",
     "error",
-    needs=("memory", "models"),
+    needs=("memory", "models", "serving"),
     needs_spec=True,
     tags=("container_shm",),
 )
 def check_shm(ctx: Context) -> Outcome:
-    """/dev/shm is a tmpfs at least shm.size large, and the models of enabled servers fit."""
+    """/dev/shm is a tmpfs at least shm.size large, and the models of the serving servers fit
+    (the serving set's when one is recorded, else the spec's enabled ones)."""
     mem = ctx.facts.memory
     if mem is None:
         return skipped("memory facts not read", ctx.unreadable("memory") or "")
@@ -90,7 +91,7 @@ def check_shm(ctx: Context) -> Outcome:
     "mem.headroom",
     "memory for staging",
     "error",
-    needs=("memory", "models"),
+    needs=("memory", "models", "serving"),
     needs_spec=True,
     tags=("lxc_passthrough",),
 )

@@ -3,10 +3,11 @@ or `check --server NAME` is about): installed and free to start (engine, port, t
 compressed-tensors for its model's format), and serving (unit active, port answering, the served
 name listed, a 1-token completion, on the GPUs the spec gives it).
 
-The contract with the server units (ct200_tools/engines.py): server NAME runs as
-ct200-server-NAME.service; its interpreter is $VIRTUAL_ENV/bin/python from its env, else
-/usr/bin/python3; its served name is args.served-model-name (command: --served-model-name or
---alias), else the spec's model name.
+The contract with the server units is ct200_tools/engines.py, the one module the units, the
+preflight and these checks take it from: server NAME runs as ct200-server-NAME.service; its
+interpreter is $VIRTUAL_ENV/bin/python from its env, else /usr/bin/python3; a bare command[0]
+is looked up on systemd's fixed search path; its served name is args.served-model-name
+(command: --served-model-name or --alias), else the spec's model name.
 """
 
 from __future__ import annotations
@@ -154,7 +155,8 @@ def _judge_engine(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
     what = "command" if s.engine == "command" else "interpreter"
     if e.resolved is None:
         return _bad(
-            f"{what} {e.path!r} not found on PATH {engines.search_path(s)}",
+            f"{what} {e.path!r} not found on PATH {engines.SYSTEMD_PATH_TEXT} (systemd's search "
+            "path for ExecStart=, whatever the server's env sets PATH to)",
             Remedy(
                 f"install {e.path}, or give its absolute path as command[0] of server {s.name}",
                 where(ctx),
@@ -195,9 +197,9 @@ def check_engine(ctx: Context) -> Outcome:
     """The program the server's unit runs is there: for engines sglang and vllm, the
     interpreter ($VIRTUAL_ENV/bin/python when the server's env sets VIRTUAL_ENV, else
     /usr/bin/python3) exists and finds the engine's package (found without importing it); for
-    engine command, command[0] (a bare name looked up on the server's env PATH, else systemd's)
-    is an executable file. A missing one names the path and how to install it, before the unit
-    waits for a server that cannot start."""
+    engine command, command[0] (a bare name looked up on systemd's fixed search path, as
+    ExecStart= does, not on the server's env PATH) is an executable file. A missing one names
+    the path and how to install it, before the unit waits for a server that cannot start."""
     return _each(ctx, _judge_engine)
 
 
@@ -718,10 +720,7 @@ def has_gpus(ctx: Context, s: ServerSpec, f: ServerFacts) -> bool:
 
 
 def model_not_staged(ctx: Context, s: ServerSpec, f: ServerFacts) -> bool:
-    drafts = {s.speculative.draft_model} if s.speculative else set()
-    site = ctx.site
-    needed = [m.name for m in site.models if m.name == s.model or m.staged in drafts]
-    return any(not _model_staged(ctx, name) for name in needed)
+    return any(not _model_staged(ctx, m.name) for m in ctx.site.needed_models([s]))
 
 
 def engine_bad(ctx: Context, s: ServerSpec, f: ServerFacts) -> bool:

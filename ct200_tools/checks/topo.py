@@ -6,6 +6,8 @@ from ct200_tools.checks.base import Context, Outcome, Remedy, check, failed, pas
 from ct200_tools.spec import ServerSpec
 
 #: Measured on CT200 (domain.md section 1).
+#: Why topo.tp_numa and topo.p2p skip: no server to judge runs on more than one GPU.
+NO_TP_GROUP = "no multi-GPU server serving (the serving set's, else the spec's enabled ones)"
 CROSS_NUMA_COST = (
     "on CT200, TP8 across the inter-socket link was slower than TP4 inside one node for single "
     "requests"
@@ -76,15 +78,16 @@ def _group_line(s: ServerSpec) -> str:
     "topo.tp_numa",
     "TP groups inside one NUMA node",
     "warning",
-    needs=("nvml", "pci"),
+    needs=("nvml", "pci", "serving"),
     needs_spec=True,
 )
 def check_tp_numa(ctx: Context) -> Outcome:
-    """Each enabled server's GPUs share one NUMA node. Crossing the inter-socket link made TP8
+    """Each serving server's GPUs share one NUMA node (the serving set's servers when one is
+    recorded, else the spec's enabled ones). Crossing the inter-socket link made TP8
     slower than TP4 for single requests on CT200."""
-    servers = [s for s in ctx.site.enabled_servers if len(s.gpus) > 1]
+    servers = [s for s in ctx.serving_servers() if len(s.gpus) > 1]
     if not servers:
-        return skipped("no enabled multi-GPU server in the spec")
+        return skipped(NO_TP_GROUP)
     nodes, skip = _nodes(ctx)
     if skip is not None or nodes is None:
         return skip or skipped("no NUMA facts")
@@ -113,16 +116,17 @@ def check_tp_numa(ctx: Context) -> Outcome:
     "topo.p2p",
     "P2P inside TP groups",
     "warning",
-    needs=("nvml",),
+    needs=("nvml", "serving"),
     needs_spec=True,
     tags=("host_tuning",),
 )
 def check_p2p(ctx: Context) -> Outcome:
-    """NVML reports P2P read and write OK for every GPU pair of an enabled server; otherwise NCCL
+    """NVML reports P2P read and write OK for every GPU pair of a serving server (the serving
+    set's, else the enabled ones); otherwise NCCL
     copies through host memory. ACS and IOMMU translation are the usual causes."""
-    servers = [s for s in ctx.site.enabled_servers if len(s.gpus) > 1]
+    servers = [s for s in ctx.serving_servers() if len(s.gpus) > 1]
     if not servers:
-        return skipped("no enabled multi-GPU server in the spec")
+        return skipped(NO_TP_GROUP)
     nvml = ctx.facts.nvml
     if nvml is None:
         return skipped("NVML unavailable (see driver.nvml)", caused_by="driver.nvml")

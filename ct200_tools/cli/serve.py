@@ -138,21 +138,20 @@ def switch_lines(report: Any) -> list[str]:
 @_json_option
 def status(spec_path: str | None, as_json: bool) -> None:
     """The serving set, where it comes from, and each server's unit."""
-    from ct200_tools import serving  # noqa: PLC0415
-    from ct200_tools.serve import engine  # noqa: PLC0415
+    from ct200_tools import engines, serving  # noqa: PLC0415
     from ct200_tools.serve.systemd import Systemd  # noqa: PLC0415
 
     site = _load(spec_path)
     chosen = serving.current(site)
-    units = Systemd().show([engine.unit_name(s.name) for s in site.servers])
+    units = Systemd().show([engines.unit_name(s.name) for s in site.servers])
     rows = [
         {
             "name": s.name,
             "in_set": s.name in chosen.names,
-            "unit": engine.unit_name(s.name),
-            "active": units[engine.unit_name(s.name)].active,
-            "enabled": units[engine.unit_name(s.name)].file_state,
-            "url": engine.base_url(s),
+            "unit": engines.unit_name(s.name),
+            "active": units[engines.unit_name(s.name)].active,
+            "enabled": units[engines.unit_name(s.name)].file_state,
+            "url": engines.base_url(s),
         }
         for s in site.servers
     ]
@@ -186,16 +185,17 @@ def status(spec_path: str | None, as_json: bool) -> None:
 )
 def wait_ready(name: str, spec_path: str | None, timeout: float | None) -> None:
     """Poll server NAME's readiness path until it answers 200 (the unit's ExecStartPost)."""
-    from ct200_tools.serve import engine, notify  # noqa: PLC0415
+    from ct200_tools import engines  # noqa: PLC0415
+    from ct200_tools.serve import notify  # noqa: PLC0415
     from ct200_tools.serve.ready import process_alive  # noqa: PLC0415
     from ct200_tools.serve.ready import wait_ready as poll  # noqa: PLC0415
 
     site = _load(spec_path)
     server = _server(site, name)
-    deadline = timeout if timeout is not None else engine.ready_timeout(site, server)
+    deadline = timeout if timeout is not None else engines.ready_timeout(site, server)
     main_pid = os.environ.get("MAINPID", "")  # set by systemd for ExecStartPost
     alive = process_alive(int(main_pid)) if main_pid.isdigit() else None
-    got = poll(engine.ready_url(server), deadline, alive=alive)
+    got = poll(engines.ready_url(server), deadline, alive=alive)
     if got.ok:
         said = f"{name} serves: GET {got.url} answered 200 after {got.seconds:.2f} s"
         click.echo(f"ct200-serve: {said}")
@@ -205,9 +205,9 @@ def wait_ready(name: str, spec_path: str | None, timeout: float | None) -> None:
         said = f"the engine (pid {main_pid}) exited after {got.seconds:.1f} s, before it served"
         click.echo(f"ct200-serve: {name}: {said}")
         click.echo(
-            "  fix: its own lines above (journalctl -u " + engine.unit_name(name) + ") say why"
+            "  fix: its own lines above (journalctl -u " + engines.unit_name(name) + ") say why"
         )
-        notify.status(f"not serving: {said}; journalctl -u {engine.unit_name(name)} says why")
+        notify.status(f"not serving: {said}; journalctl -u {engines.unit_name(name)} says why")
         sys.exit(Exit.FAILED)
     index = site.servers.index(server)
     said = f"does not serve after {got.seconds:.0f} s: GET {got.url} last got {got.last}"
@@ -215,8 +215,8 @@ def wait_ready(name: str, spec_path: str | None, timeout: float | None) -> None:
     notify.status(f"not serving: {said}")
     click.echo(
         f"  fix: if the model needs longer to load, raise servers[{index}].start_timeout in the "
-        f"site spec (now {engine.start_timeout(site, server)} s); otherwise the engine's lines "
-        f"above (journalctl -u {engine.unit_name(name)}) say where it is stuck"
+        f"site spec (now {engines.start_timeout(site, server)} s); otherwise the engine's lines "
+        f"above (journalctl -u {engines.unit_name(name)}) say where it is stuck"
     )
     sys.exit(Exit.FAILED)
 

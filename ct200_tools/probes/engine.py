@@ -50,19 +50,9 @@ print(json.dumps(out))
 """
 
 
-def _resolve(r: Reader, program: str, path: str) -> str | None:
-    if "/" in program:
-        return program
-    for d in path.split(":"):
-        candidate = f"{d.rstrip('/')}/{program}"
-        if d and r.is_file(candidate):
-            return candidate
-    return None
-
-
 def probe_engine(r: Reader, server: ServerSpec) -> EngineFacts:
     program = engines.program(server)
-    resolved = _resolve(r, program, engines.search_path(server))
+    resolved = engines.resolve_program(program, r.is_file)
     base = EngineFacts(path=program, resolved=resolved, module=engines.engine_module(server))
     if resolved is None:
         return base

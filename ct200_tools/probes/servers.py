@@ -22,6 +22,7 @@ from ct200_tools.probes.base import Reader
 from ct200_tools.probes.engine import probe_engine, probe_quant
 from ct200_tools.probes.ports import probe_port
 from ct200_tools.probes.systemd import probe_units
+from ct200_tools.serving import selected
 from ct200_tools.spec import ServerSpec, SiteSpec
 
 CONNECT_TIMEOUT_S = 1.0
@@ -36,13 +37,9 @@ WORKERS = 8
 
 
 def chosen(spec: SiteSpec, serving: ServingFacts | None, only: str | None) -> list[ServerSpec]:
-    """The servers to read: `only`; else the serving set's; else the enabled ones."""
-    if only is not None:
-        return [s for s in spec.servers if s.name == only]
-    if serving is not None and serving.servers is not None:
-        names = set(serving.servers)
-        return [s for s in spec.servers if s.name in names]
-    return list(spec.enabled_servers)
+    """The servers to read: `only`; else the serving set's; else the enabled ones (the rule
+    the checks judge by: ct200_tools.serving.selected)."""
+    return list(selected(spec, serving.servers if serving is not None else None, only))
 
 
 def probe_servers(

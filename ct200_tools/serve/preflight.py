@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ct200_tools.serve import engine
+from ct200_tools import engines
 from ct200_tools.serve.systemd import Systemd, SystemdError
 from ct200_tools.spec import ModelSpec, ServerSpec, SiteSpec
 
@@ -29,7 +29,7 @@ FIND_TIMEOUT_S: Final = 60.0
 #: GPU index, so those are the gate's (NVML knows the mapping).
 GPU_NODES: Final = ("/dev/nvidiactl", "/dev/nvidia-uvm")
 READABLE: Final = (
-    f"the service user {engine.SERVICE_USER} must be able to read it (not under /root or /home, "
+    f"the service user {engines.SERVICE_USER} must be able to read it (not under /root or /home, "
     "which the unit hides with ProtectHome=)"
 )
 
@@ -67,11 +67,9 @@ def stage_status(model: ModelSpec) -> tuple[bool, str]:
 
 def find_program(name: str) -> str | None:
     """Where systemd finds a bare ExecStart= name: its fixed search path, not $PATH."""
-    for directory in engine.SYSTEMD_PATH:
-        path = os.path.join(directory, name)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None
+    return engines.resolve_program(
+        name, lambda path: os.path.isfile(path) and os.access(path, os.X_OK)
+    )
 
 
 class Preflight:
@@ -101,12 +99,12 @@ class Preflight:
 
     def program(self) -> list[Problem]:
         s = self.server
-        path = engine.program(s)
+        path = engines.program(s)
         if s.engine == "command":
             fix = f"install the server's program there, or correct {self.where}.command[0]"
             if "/" not in path:
                 if find_program(path) is None:
-                    dirs = ":".join(engine.SYSTEMD_PATH)
+                    dirs = engines.SYSTEMD_PATH_TEXT
                     return [
                         Problem(
                             "engine",
@@ -139,7 +137,7 @@ class Preflight:
         return []
 
     def _module(self, python: str, venv: str | None) -> list[Problem]:
-        module = engine.ENGINE_MODULES[self.server.engine].split(".")[0]
+        module = engines.ENGINE_MODULES[self.server.engine].split(".")[0]
         where = f"the venv {venv}" if venv else python
         fix = (
             f"install it: {python} -m pip install {module} (or set {self.where}.env.VIRTUAL_ENV "
@@ -162,7 +160,7 @@ class Preflight:
     def config(self) -> list[Problem]:
         if self.server.engine != "sglang":
             return []
-        path = engine.config_path(self.server.name)
+        path = engines.config_path(self.server.name)
         if os.access(path, os.R_OK):
             return []
         why = "is missing" if not os.path.exists(path) else "is not readable for this user"
@@ -172,23 +170,23 @@ class Preflight:
                 f"{path} {why}",
                 "run the container playbook (ansible-playbook -i inventory/<site> "
                 "playbooks/container.yml --tags servers): it renders the file, group "
-                f"{engine.SERVICE_USER}",
+                f"{engines.SERVICE_USER}",
             )
         ]
 
     # -- the models -----------------------------------------------------------------------------
 
     def models(self) -> list[Problem]:
-        models = engine.models_of(self.site, self.server)
+        models = engines.models_of(self.site, self.server)
         problems: list[Problem] = []
         unstaged = [(m, why) for m in models for ok, why in [self.staged(m)] if not ok]
-        units = [engine.stage_unit(m.name) for m, _ in unstaged]
+        units = [engines.stage_unit(m.name) for m, _ in unstaged]
         try:
             states = self.systemd.show(units)
         except SystemdError:
             states = {}
         for model, why in unstaged:
-            unit = engine.stage_unit(model.name)
+            unit = engines.stage_unit(model.name)
             state = states.get(unit)
             if state is not None and state.active == "active":
                 how = f"`systemctl restart {unit}` restages it"
@@ -234,7 +232,7 @@ class Preflight:
                 problems.append(
                     Problem(
                         f"device {node}",
-                        f"user {engine.SERVICE_USER} may not open it read-write "
+                        f"user {engines.SERVICE_USER} may not open it read-write "
                         f"({exc.strerror}), though the server runs as that user",
                         f"give the node mode 0666, as the driver creates it (ls -l {node}; on "
                         "the host, NVreg_DeviceFileMode=0666, or devN's mode=0666 in the "

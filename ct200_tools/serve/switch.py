@@ -31,8 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Final
 
-from ct200_tools import serving
-from ct200_tools.serve import engine
+from ct200_tools import engines, serving
 from ct200_tools.serve.systemd import Systemd, UnitState
 from ct200_tools.serving import ServingError, ServingSet, ServingState
 from ct200_tools.spec import ModelSpec, ServerSpec, SiteSpec
@@ -114,7 +113,7 @@ class Plan:
 
 
 def _running(machine: Machine, server: ServerSpec) -> bool:
-    state = machine.units.get(engine.unit_name(server.name))
+    state = machine.units.get(engines.unit_name(server.name))
     return state is not None and state.running
 
 
@@ -138,9 +137,9 @@ def plan(
     chosen = {s.name for s in (*wanted, *kept)}
     target = tuple(s for s in site.servers if s.name in chosen)
     missing = [
-        engine.unit_name(s.name)
+        engines.unit_name(s.name)
         for s in target
-        if machine.units.get(engine.unit_name(s.name), UnitState("")).load != "loaded"
+        if machine.units.get(engines.unit_name(s.name), UnitState("")).load != "loaded"
     ]
     if missing:
         raise ServingError(
@@ -165,10 +164,10 @@ def plan(
         ),
         key=lambda m: -(machine.models[m.name].staged or 0),
     )
-    want_units = {engine.unit_name(s.name) for s in target}
-    want_units |= {engine.stage_unit(m.name) for m in needed}
-    all_units = {engine.unit_name(s.name) for s in site.servers}
-    all_units |= {engine.stage_unit(m.name) for m in site.models}
+    want_units = {engines.unit_name(s.name) for s in target}
+    want_units |= {engines.stage_unit(m.name) for m in needed}
+    all_units = {engines.unit_name(s.name) for s in site.servers}
+    all_units |= {engines.stage_unit(m.name) for m in site.models}
     state = machine.units
     enable = sorted(u for u in want_units if not state.get(u, UnitState(u)).enabled)
     disable = sorted(u for u in all_units - want_units if state.get(u, UnitState(u)).enabled)
@@ -246,8 +245,8 @@ def model_state(model: ModelSpec) -> ModelState:
 
 
 def read_machine(site: SiteSpec, systemd: Systemd) -> Machine:
-    units = [engine.unit_name(s.name) for s in site.servers]
-    units += [engine.stage_unit(m.name) for m in site.models]
+    units = [engines.unit_name(s.name) for s in site.servers]
+    units += [engines.stage_unit(m.name) for m in site.models]
     return Machine(systemd.show(units), {m.name: model_state(m) for m in site.models})
 
 
@@ -412,8 +411,8 @@ class Switch:
         if not p.stop:
             return ()
         t0 = self.clock()
-        units = [engine.unit_name(s.name) for s in p.stop]
-        timeout = engine.STOP_TIMEOUT + STOP_GRACE_S
+        units = [engines.unit_name(s.name) for s in p.stop]
+        timeout = engines.STOP_TIMEOUT + STOP_GRACE_S
         ok, err = self.systemd.stop(units, timeout)
         items = [Item(s.name, self.clock() - t0, ok) for s in p.stop]
         self._timed("stop", steps, items, ok, t0, ", ".join(s.name for s in p.stop) if ok else err)
@@ -429,7 +428,7 @@ class Switch:
         for model in drops:
             t1 = self.clock()
             try:
-                self.systemd.stop([engine.stage_unit(model.name)], engine.STOP_TIMEOUT)
+                self.systemd.stop([engines.stage_unit(model.name)], engines.STOP_TIMEOUT)
                 detail = self.drop(model)
             except OSError as exc:
                 items.append(Item(model.name, self.clock() - t1, False, str(exc)))
@@ -445,7 +444,7 @@ class Switch:
             return True
         t0 = self.clock()
         items: list[Item] = []
-        units = [engine.stage_unit(m.name) for m in p.stage]
+        units = [engines.stage_unit(m.name) for m in p.stage]
         self.systemd.quick("reset-failed", units)
         for model, unit in zip(p.stage, units, strict=True):
             t1 = self.clock()
@@ -472,13 +471,13 @@ class Switch:
 
     def _start_all(self, servers: Sequence[ServerSpec]) -> list[Item]:
         """Every server at once (each has its own GPUs), each timed on its own."""
-        units = [engine.unit_name(s.name) for s in servers]
+        units = [engines.unit_name(s.name) for s in servers]
         self.systemd.quick("reset-failed", units)
 
         def one(server: ServerSpec) -> Item:
             t1 = self.clock()
-            unit = engine.unit_name(server.name)
-            timeout = engine.start_timeout(self.site, server) + STOP_GRACE_S
+            unit = engines.unit_name(server.name)
+            timeout = engines.start_timeout(self.site, server) + STOP_GRACE_S
             ok, err = self.systemd.start(unit, timeout)
             return Item(server.name, self.clock() - t1, ok, "" if ok else self._why(unit, err))
 
@@ -506,13 +505,13 @@ class Switch:
     def _restore(self, p: Plan, steps: list[Step]) -> Report:
         """Stop the new servers, start the stopped ones again; say who serves."""
         t0 = self.clock()
-        new = [engine.unit_name(s.name) for s in p.start]
-        self.systemd.stop(new, engine.STOP_TIMEOUT + STOP_GRACE_S)
+        new = [engines.unit_name(s.name) for s in p.start]
+        self.systemd.stop(new, engines.STOP_TIMEOUT + STOP_GRACE_S)
         items = self._start_all(p.stop) if p.stop else []
-        states = self.systemd.show([engine.unit_name(s.name) for s in p.previous.servers])
+        states = self.systemd.show([engines.unit_name(s.name) for s in p.previous.servers])
         status = {}
         for server in p.previous.servers:
-            unit = engine.unit_name(server.name)
+            unit = engines.unit_name(server.name)
             state = states.get(unit, UnitState(unit))
             item = next((i for i in items if i.name == server.name), None)
             if state.active == "active":
@@ -535,7 +534,7 @@ def warnings(site: SiteSpec, p: Plan) -> tuple[str, ...]:
     group across NUMA nodes."""
     found = []
     for server in p.target:
-        nodes = engine.numa_nodes(site, server)
+        nodes = engines.numa_nodes(site, server)
         if nodes is not None and len(nodes) > 1:
             found.append(
                 f"{server.name}: GPUs {', '.join(map(str, server.gpus))} span NUMA nodes "

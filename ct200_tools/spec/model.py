@@ -130,7 +130,7 @@ class ServerSpec:
     #: engine "command" only: the argv to run.
     command: tuple[str, ...] = ()
     #: Seconds from `systemctl start` to serving before systemd gives up (TimeoutStartSec);
-    #: None: from the model's size (ct200_tools.serve.engine.start_timeout).
+    #: None: from the model's size (ct200_tools.engines.start_timeout).
     start_timeout: int | None = None
     #: The HTTP path that answers 200 once the server serves; None: the engine's own
     #: (SGLang /health_generate, vLLM /v1/models, command /health).

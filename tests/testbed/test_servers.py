@@ -26,7 +26,7 @@ import pytest
 from tbharness import AnsibleRun, Bed
 
 from ct200_tools.render import render
-from ct200_tools.serve import engine
+from ct200_tools import engines as engine
 from ct200_tools.spec import validate
 from testbed import llama_build, units
 from testbed.machine import hostname

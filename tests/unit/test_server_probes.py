@@ -36,6 +36,7 @@ from ct200_tools.probes.servers import (
 )
 from ct200_tools.probes.serving import probe_serving
 from ct200_tools.probes.systemd import parse_show, probe_units
+from ct200_tools.serving import KIND, ServingState
 from ct200_tools.spec import ModelSpec, ServerSpec, SiteSpec, load_spec
 from tests.unit import server_facts as sf
 
@@ -549,11 +550,12 @@ def test_serving_file_absent_valid_and_broken(tmp_path: Path) -> None:
     assert probe_serving(r) == ServingFacts("/var/lib/ct200/serving.json")
     path = tmp_path / "var" / "lib" / "ct200" / "serving.json"
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"servers": ["kimi-tp8-eagle3"], "since": "2026-12-01"}))
+    # The file as the switch writes it: the probe parses it with ct200_tools.serving.
+    path.write_text(ServingState(("kimi-tp8-eagle3",), "2026-12-01T00:00:00+00:00").to_json())
     assert probe_serving(r).servers == ("kimi-tp8-eagle3",)
     path.write_text("{")
     assert probe_serving(r).error == "not JSON"
-    path.write_text(json.dumps({"servers": "kimi"}))
+    path.write_text(json.dumps({"kind": KIND, "schema_version": 1, "servers": "kimi"}))
     assert probe_serving(r).error == 'no "servers" list of names in it'
 
 

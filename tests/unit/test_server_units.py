@@ -25,7 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ct200_tools.render import Rendered, render
-from ct200_tools.serve import engine
+from ct200_tools import engines as engine
 from ct200_tools.spec import SPEC_KEY, SiteSpec, load_spec, validate
 from testbed import units
 from tests.server_sites import TRICKY_ALIAS, VARIANTS, llama_site, variant

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from ct200_tools import serving
-from ct200_tools.serve import engine, notify
+from ct200_tools import engines as engine
+from ct200_tools.serve import notify
 from ct200_tools.serve.preflight import Preflight
 from ct200_tools.serve.ready import process_alive, wait_ready
 from ct200_tools.serve.switch import Machine, ModelState, Switch, choose_drops, plan
