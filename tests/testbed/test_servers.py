@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 from tbharness import AnsibleRun, Bed
 
-from ct200_tools.render import render
 from ct200_tools import engines as engine
+from ct200_tools.render import render
 from ct200_tools.spec import validate
 from testbed import llama_build, units
 from testbed.machine import hostname

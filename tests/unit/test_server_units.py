@@ -24,8 +24,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ct200_tools.render import Rendered, render
 from ct200_tools import engines as engine
+from ct200_tools.render import Rendered, render
 from ct200_tools.spec import SPEC_KEY, SiteSpec, load_spec, validate
 from testbed import units
 from tests.server_sites import TRICKY_ALIAS, VARIANTS, llama_site, variant

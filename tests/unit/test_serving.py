@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from ct200_tools import serving
 from ct200_tools import engines as engine
+from ct200_tools import serving
 from ct200_tools.serve import notify
 from ct200_tools.serve.preflight import Preflight
 from ct200_tools.serve.ready import process_alive, wait_ready
