@@ -210,18 +210,3 @@ VARIANTS: Final[list[tuple[str, dict[str, object]]]] = [
 
 def variant(changes: dict[str, object]) -> dict[str, Any]:
     return changed(changes)
-
-
-#: The console script pip writes for ct200-doctor, kept to restore over the stand-in.
-DOCTOR: Final = "/opt/ct200/venv/bin/ct200-doctor"
-GATE_STANDIN: Final = REPO / "tests" / "testbed" / "gate_standin.py"
-
-
-def gate_standin(has_gate: bool, push: Push) -> bool:
-    """Install the named stand-in for `ct200-doctor gate` (tests/testbed/gate_standin.py) when
-    the installed ct200-doctor lacks the command; True when it did. The real gate, once there,
-    is used as it is."""
-    if has_gate:
-        return False
-    push("ct", GATE_STANDIN, DOCTOR, 0o755)
-    return True

@@ -27,7 +27,7 @@ from typing import Any
 from testbed import llama_build, ssh
 from testbed.config import MachineSpec, Settings
 from testbed.harness import Harness, claim_test_slot
-from tests.server_sites import gate_standin, prepare_ct
+from tests.server_sites import prepare_ct
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -169,15 +169,13 @@ def measure(runs: int, workdir: Path) -> dict[str, Any]:
         site = prepare_ct(harness.push, workdir, llama_build.ensure().binary)
         limit = ["--limit", "ct200-ct,localhost", "-e", f"@{site}"]
         playbook(up.inventory, "playbooks/container.yml", *limit, "--tags", "tools")
-        has_gate = (
-            subprocess.run(
-                ssh.argv(slot, address, ["/opt/ct200/venv/bin/ct200-doctor", "gate", "--help"]),
-                capture_output=True,
-                check=False,
-            ).returncode
-            == 0
+        gate = subprocess.run(
+            ssh.argv(slot, address, ["/opt/ct200/venv/bin/ct200-doctor", "gate", "--help"]),
+            capture_output=True,
+            check=False,
         )
-        standin = gate_standin(has_gate, harness.push)
+        if gate.returncode != 0:
+            sys.exit("bench: the installed ct200-doctor has no `gate`: the units could not start")
         playbook(up.inventory, "playbooks/container.yml", *limit)
         raw = json.loads(
             remote(harness, address, "python3", "-c", MEASURE, str(runs), "8081", UNIT)
@@ -186,11 +184,11 @@ def measure(runs: int, workdir: Path) -> dict[str, Any]:
         for _ in range(runs):
             switches["tiny -> tiny-b"].append(switch(harness, address, "tiny-b"))
             switches["tiny-b -> tiny"].append(switch(harness, address, "tiny"))
-    return summarize(raw, switches, runs, standin)
+    return summarize(raw, switches, runs)
 
 
 def summarize(
-    raw: dict[str, Any], switches: dict[str, list[dict[str, Any]]], runs: int, standin: bool
+    raw: dict[str, Any], switches: dict[str, list[dict[str, Any]]], runs: int
 ) -> dict[str, Any]:
     def col(rows: list[dict[str, float]], key: str) -> float:
         return median([r[key] for r in rows])
@@ -209,7 +207,7 @@ def summarize(
     return {
         "schema_version": SCHEMA_VERSION,
         "runs": runs,
-        "gate": "stand-in (tests/testbed/gate_standin.py)" if standin else "ct200-doctor gate",
+        "gate": "ct200-doctor gate",
         "start_to_first_completion_s": {
             "gated_unit": col(gated, "first_completion_s"),
             "bare_unit": own,

@@ -7,10 +7,9 @@ machine (tests/server_sites.py: prepare_ct), then converges the container with t
 tests/server_sites.py (llama_site: one server enabled, the others there to be switched to or to
 fail). One fixture runs the whole sequence, phase by phase; each test asserts one part of it.
 
-`ct200-doctor gate` (the units' first ExecStartPre) comes with the doctor's server checks, built in
-parallel. Until the installed ct200-doctor has it, the fixture installs the named stand-in
-tests/testbed/gate_standin.py in its place and says so; with the real gate, the same tests run
-against it (and the taken-port test checks that the gate names the process).
+Each unit's start gate is the real `ct200-doctor gate NAME` the tools role installs (no stand-in,
+no bypass): on the testbed's server without GPUs it runs the checks that apply to it (model
+staged, engine installed, port free), and the taken-port test checks that it names the process.
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ from tests.server_sites import (
     LLAMA,
     SHM_SIZE,
     TRICKY_ALIAS,
-    gate_standin,
     llama_site,
     prepare_ct,
 )
@@ -137,8 +135,6 @@ def wait_failed(bed: Bed, names: Sequence[str]) -> dict[str, dict[str, str]]:
 @dataclass
 class Setup:
     site_file: str
-    gate_real: bool
-    doctor_orig: str
     shm_before: str
 
 
@@ -148,11 +144,9 @@ def setup(bed: Bed) -> Setup:
     shm_before = bed.ssh("ct", "findmnt", "--bytes", "-no", "SIZE", "/dev/shm").stdout.strip()
     tools = bed.ansible(CONTAINER, *LIMIT, "-e", f"@{site_file}", "--tags", "tools")
     assert tools.rc == 0, tools.describe()
-    gate_real = bed.ssh("ct", DOCTOR, "gate", "--help").returncode == 0
-    doctor_orig = bed.ssh("ct", "cat", DOCTOR).stdout
-    if gate_standin(gate_real, bed.push):
-        print("\ntest_servers: the installed ct200-doctor has no `gate`: STAND-IN gate_standin.py")
-    return Setup(str(site_file), gate_real, doctor_orig, shm_before)
+    gate = bed.ssh("ct", DOCTOR, "gate", "--help")
+    assert gate.returncode == 0, f"the installed ct200-doctor has no `gate`: {gate.stderr}"
+    return Setup(str(site_file), shm_before)
 
 
 @dataclass
@@ -374,14 +368,10 @@ def servers(testbed: Bed) -> Iterator[Servers]:
         yield Servers(bed, s, converge, serving(bed), broken(bed), switches(bed, s))
     finally:
         # Back to the machine the other test modules expect: none of this module's units,
-        # models, state or user; /dev/shm at its old size; the real ct200-doctor.
+        # models, state or user; /dev/shm at its old size.
         bed.ssh("ct", "sh", "-c", CLEANUP)
         if s.shm_before:
             bed.ssh("ct", "mount", "-o", f"remount,size={s.shm_before}", "/dev/shm")
-        if not s.gate_real and s.doctor_orig:
-            orig = bed.workdir / "ct200-doctor"
-            orig.write_text(s.doctor_orig)
-            bed.push("ct", orig, DOCTOR, 0o755)
 
 
 # -- converge ----------------------------------------------------------------------------------
@@ -514,10 +504,8 @@ def test_a_model_not_staged_is_named_by_systemctl_status(servers: Servers) -> No
 def test_a_taken_port_fails_the_start_naming_what_holds_it(servers: Servers) -> None:
     port = servers.broken.port
     assert port["rc"] != 0
-    if servers.setup.gate_real:
-        assert "python3" in port["journal"], port["journal"]
-    else:  # the stand-in gate does not check ports: the engine fails to bind
-        assert "bind" in port["journal"].lower(), port["journal"]
+    # The real gate names the holder (a python3 listener the test started).
+    assert "python3" in port["journal"], port["journal"]
 
 
 # -- switching -------------------------------------------------------------------------------------
