@@ -22,7 +22,9 @@ ENGINE_TIMEOUT_S = 5.0
 #: A model's config.json is a few KB; past this it is not one.
 CONFIG_LIMIT = 1 << 20
 
-# Run as `python -I -c ENGINE_CHILD MODULE DIST`: stdlib only, one JSON line.
+# Run as `python -I -c ENGINE_CHILD MODULE DIST`: stdlib only, one JSON line; exit status 1 when
+# MODULE is not found, so the preflight (ct200_tools/serve/preflight.py), which runs the same
+# script as the service user, needs only the status.
 ENGINE_CHILD = r"""
 import importlib.metadata as md, importlib.util, json, re, sys
 module, dist = sys.argv[1], sys.argv[2]
@@ -47,6 +49,7 @@ if dist:
     ct = [r for r in reqs if re.match(r"compressed[-_.]tensors(?![-_.\w])", r, re.I)]
     out["ct_requirement"] = ct[0] if ct else None
 print(json.dumps(out))
+sys.exit(1 if out.get("module_found") is False else 0)
 """
 
 
@@ -88,7 +91,8 @@ def _read_environment(r: Reader, found: EngineFacts, python: str) -> EngineFacts
         data = json.loads(line)
     except json.JSONDecodeError:
         data = None
-    if ran.returncode != 0 or not isinstance(data, dict):
+    # 1 with its JSON line: the engine's package is not found, which the line says.
+    if ran.returncode not in (0, 1) or not isinstance(data, dict):
         tail = (ran.stderr.strip().splitlines() or [f"exit status {ran.returncode}"])[-1]
         return _with_error(found, f"{python} failed: {tail}")
     return EngineFacts(

@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from typing import Final
 
 from ct200_tools import engines
+from ct200_tools.probes.engine import ENGINE_CHILD
 from ct200_tools.serve.systemd import Systemd, SystemdError
 from ct200_tools.spec import ModelSpec, ServerSpec, SiteSpec
 
-#: Finds a top-level package without importing it (importing SGLang takes seconds).
-FIND_MODULE: Final = (
-    "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 1)"
-)
+#: The doctor's engine probe's own child: finds the engine's top-level package without importing
+#: it (importing SGLang takes seconds); exit status 1 when it is not found. Run here in the
+#: unit's environment (not isolated, as the doctor runs it): what the engine will see.
+FIND_MODULE: Final = ENGINE_CHILD
 FIND_TIMEOUT_S: Final = 60.0
 #: The nodes every CUDA process opens; /dev/nvidiaN is numbered by the driver's minor, not the
 #: GPU index, so those are the gate's (NVML knows the mapping).
@@ -137,14 +138,15 @@ class Preflight:
         return []
 
     def _module(self, python: str, venv: str | None) -> list[Problem]:
-        module = engines.ENGINE_MODULES[self.server.engine].split(".")[0]
+        module = engines.engine_module(self.server) or ""
+        dist = engines.engine_dist(self.server) or ""
         where = f"the venv {venv}" if venv else python
         fix = (
             f"install it: {python} -m pip install {module} (or set {self.where}.env.VIRTUAL_ENV "
             f"to the venv that has it)"
         )
         try:
-            status = self.run([python, "-c", FIND_MODULE, module], FIND_TIMEOUT_S)
+            status = self.run([python, "-c", FIND_MODULE, module, dist], FIND_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return [
                 Problem("engine", f"{python} did not answer within {FIND_TIMEOUT_S:.0f} s", fix)

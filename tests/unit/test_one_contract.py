@@ -203,3 +203,22 @@ def test_the_probe_reads_exactly_what_the_switch_wrote(tmp_path: Path, ct200: Si
     ctx = Context(Facts(serving=probe_serving(reader)), ct200)
     assert ctx.serving_servers() == chosen.servers
     assert ctx.needed_models() == ct200.needed_models(chosen.servers)
+
+
+def test_the_preflight_runs_the_doctors_engine_child(
+    tmp_path: Path, ct200: SiteSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One script finds the engine's package for both (the preflight had its own): run for real
+    by this interpreter, in the preflight's environment, without and with a package `sglang`."""
+    import sys  # noqa: PLC0415
+
+    venv = Path(sys.executable).parent.parent
+    server = dataclasses.replace(ct200.servers[0], env={"VIRTUAL_ENV": str(venv)})
+    site = dataclasses.replace(ct200, servers=(server,))
+    check = Preflight(site, server, staged=lambda m: (True, ""))
+    (problem,) = check.program()
+    assert problem.message == f"the venv {venv} has no sglang package"
+    (tmp_path / "sglang").mkdir()
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the unit's env may set it: it counts
+    assert check.program() == []
