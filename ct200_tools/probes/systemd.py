@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ct200_tools.facts import UnitFacts
 from ct200_tools.probes.base import Reader
+from ct200_tools.systemctl import show_argv, show_blocks
 
 #: The properties the server checks read, in `systemctl show -p` form.
 PROPERTIES = (
@@ -24,36 +25,14 @@ PROPERTIES = (
 SHOW_TIMEOUT_S = 3.0
 
 
-def show_argv(units: list[str]) -> list[str]:
-    return ["systemctl", "show", "--no-pager", f"--property={','.join(PROPERTIES)}", *units]
-
-
 def _int(text: str | None) -> int | None:
     return int(text) if text is not None and text.strip().lstrip("-").isdigit() else None
 
 
 def parse_show(text: str, units: list[str]) -> dict[str, UnitFacts]:
-    """`systemctl show` of these units -> their facts, by the name asked. Blocks are matched by
-    Id, else by position (systemd prints them in the order asked)."""
-    blocks: list[dict[str, str]] = []
-    current: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            if current:
-                blocks.append(current)
-                current = {}
-            continue
-        key, sep, value = line.partition("=")
-        if sep:
-            current[key] = value
-    if current:
-        blocks.append(current)
-    out: dict[str, UnitFacts] = {}
-    for i, block in enumerate(blocks):
-        name = block.get("Id") or (units[i] if i < len(units) else "")
-        if name not in units and i < len(units):
-            name = units[i]
-        out[name] = UnitFacts(
+    """`systemctl show` of these units -> their facts, by the name asked."""
+    return {
+        name: UnitFacts(
             name=name,
             load_state=block.get("LoadState") or None,
             active_state=block.get("ActiveState") or None,
@@ -64,7 +43,8 @@ def parse_show(text: str, units: list[str]) -> dict[str, UnitFacts]:
             exec_main_status=_int(block.get("ExecMainStatus")),
             control_group=block.get("ControlGroup") or None,
         )
-    return out
+        for name, block in show_blocks(text, units).items()
+    }
 
 
 def probe_units(r: Reader, units: list[str], key: str) -> dict[str, UnitFacts]:
@@ -73,7 +53,7 @@ def probe_units(r: Reader, units: list[str], key: str) -> dict[str, UnitFacts]:
     if not units:
         return {}
     try:
-        ran = r.run(show_argv(units), SHOW_TIMEOUT_S)
+        ran = r.run(show_argv(units, PROPERTIES), SHOW_TIMEOUT_S)
     except FileNotFoundError:
         r.note(key, "systemctl not found: not a systemd machine")
         return {}

@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from ct200_tools.systemctl import show_argv, show_blocks
+
 #: Runs argv with a timeout (seconds); returns (exit status, stdout, stderr).
 Run = Callable[[Sequence[str], float], tuple[int, str, str]]
 
@@ -61,22 +63,8 @@ class SystemdError(Exception):
 
 
 def parse_show(text: str, units: Sequence[str]) -> dict[str, UnitState]:
-    blocks: list[dict[str, str]] = []
-    current: dict[str, str] = {}
-    for line in [*text.splitlines(), ""]:
-        if not line.strip():
-            if current:
-                blocks.append(current)
-                current = {}
-            continue
-        key, _, value = line.partition("=")
-        current[key] = value
-    out: dict[str, UnitState] = {}
-    for i, block in enumerate(blocks):
-        name = block.get("Id") or (units[i] if i < len(units) else "")
-        if name not in units and i < len(units):
-            name = units[i]  # an alias resolved to another Id: keep the name asked for
-        out[name] = UnitState(
+    return {
+        name: UnitState(
             name,
             block.get("LoadState", ""),
             block.get("ActiveState", ""),
@@ -84,7 +72,8 @@ def parse_show(text: str, units: Sequence[str]) -> dict[str, UnitState]:
             block.get("Result", ""),
             block.get("UnitFileState", ""),
         )
-    return out
+        for name, block in show_blocks(text, units).items()
+    }
 
 
 class Systemd:
@@ -94,8 +83,7 @@ class Systemd:
     def show(self, units: Sequence[str]) -> dict[str, UnitState]:
         if not units:
             return {}
-        argv = ["systemctl", "show", "--no-pager", f"--property={','.join(SHOW_PROPERTIES)}"]
-        rc, out, err = self.run([*argv, *units], QUICK_S)
+        rc, out, err = self.run(show_argv(units, SHOW_PROPERTIES), QUICK_S)
         if rc != 0:
             raise SystemdError(f"systemctl show: {err.strip() or f'exit {rc}'}")
         states = parse_show(out, units)
