@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from ct200_tools import engines
 from ct200_tools.checks import quant
 from ct200_tools.checks.base import (
+    Check,
+    CheckFn,
     Context,
     Outcome,
     Remedy,
@@ -58,6 +60,12 @@ def _cannot(summary: str, caused_by: str | None = None, *evidence: str | None) -
 
 
 Judge = Callable[[Context, ServerSpec, ServerFacts], Verdict]
+
+
+def server_check(id: str, title: str) -> Callable[[CheckFn], Check]:
+    """A check that judges each serving server (_each) from the servers' facts, the serving set
+    that chose them, and the kernel's view (container or not, for where a fix applies)."""
+    return check(id, title, "error", needs=("servers", "serving", "kernel"), needs_spec=True)
 
 
 def where(ctx: Context) -> Where:
@@ -186,13 +194,7 @@ def _judge_engine(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
     return _ok(f"{e.resolved} is installed")
 
 
-@check(
-    "server.engine",
-    "engine installed",
-    "error",
-    needs=("servers", "serving", "kernel"),
-    needs_spec=True,
-)
+@server_check("server.engine", "engine installed")
 def check_engine(ctx: Context) -> Outcome:
     """The program the server's unit runs is there: for engines sglang and vllm, the
     interpreter ($VIRTUAL_ENV/bin/python when the server's env sets VIRTUAL_ENV, else
@@ -249,13 +251,7 @@ def _judge_port_free(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
     return _bad(f"port {s.port} is taken by {_holder(h)}", fix, *(_holder(x) for x in others))
 
 
-@check(
-    "server.port_free",
-    "port free for the server",
-    "error",
-    needs=("servers", "serving", "kernel"),
-    needs_spec=True,
-)
+@server_check("server.port_free", "port free for the server")
 def check_port_free(ctx: Context) -> Outcome:
     """No other process listens on the server's port (on its host, or on a wildcard address that
     covers it): the port is free, or held by the server's own unit (a running or restarting
@@ -447,13 +443,7 @@ def _judge_unit(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
     )
 
 
-@check(
-    "server.unit",
-    "server unit active",
-    "error",
-    needs=("servers", "serving", "kernel"),
-    needs_spec=True,
-)
+@server_check("server.unit", "server unit active")
 def check_unit(ctx: Context) -> Outcome:
     """The server's systemd unit ct200-server-NAME.service is active (running), as
     `systemctl show` gives it (ActiveState, SubState, Result, NRestarts). A unit still starting
@@ -486,13 +476,7 @@ def _judge_port(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
     )
 
 
-@check(
-    "server.port",
-    "server port answers",
-    "error",
-    needs=("servers", "serving", "kernel"),
-    needs_spec=True,
-)
+@server_check("server.port", "server port answers")
 def check_port(ctx: Context) -> Outcome:
     """A TCP connection to the server's host and port (a wildcard host means this machine)
     opens within 1 s. When the unit is not active, server.unit is the root cause."""
@@ -538,13 +522,7 @@ def _judge_models(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
     return _ok(f"/v1/models lists {want!r}")
 
 
-@check(
-    "server.models",
-    "server lists its served name",
-    "error",
-    needs=("servers", "serving", "kernel"),
-    needs_spec=True,
-)
+@server_check("server.models", "server lists its served name")
 def check_models(ctx: Context) -> Outcome:
     """GET /v1/models answers 200 within 2 s and lists the server's served name. The served
     name is args.served-model-name when the spec sets it (the unit passes it as
@@ -571,13 +549,7 @@ def _judge_generate(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
     )
 
 
-@check(
-    "server.generate",
-    "server completes a token",
-    "error",
-    needs=("servers", "serving", "kernel"),
-    needs_spec=True,
-)
+@server_check("server.generate", "server completes a token")
 def check_generate(ctx: Context) -> Outcome:
     """POST /v1/completions with the served name, max_tokens 1 and temperature 0 answers 200
     with a choice within 5 s: the model is loaded and the GPUs compute. A server that lists
@@ -661,13 +633,7 @@ def _by_environ(
     return _bad(f"CUDA_VISIBLE_DEVICES={value!r}, spec: {shown}", fix, *evidence)
 
 
-@check(
-    "server.gpus",
-    "server on its GPUs",
-    "error",
-    needs=("servers", "serving", "kernel"),
-    needs_spec=True,
-)
+@server_check("server.gpus", "server on its GPUs")
 def check_gpus(ctx: Context) -> Outcome:
     """The running server's processes (its unit's cgroup) use exactly the spec's GPUs: NVML's
     running compute processes per GPU when NVML lists any of them; else (NVML unavailable, or a
