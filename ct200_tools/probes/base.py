@@ -7,7 +7,6 @@ what a tree cannot hold (char devices, open() errors), override `stat_node` and 
 from __future__ import annotations
 
 import errno
-import fcntl
 import http.client
 import io
 import os
@@ -92,23 +91,10 @@ class Reader:
     def lock_holder(self, p: str) -> str | None:
         """The text of lock file p while another process holds an flock on it (a running stage
         writes its pid there); None when nobody holds it or there is no such file. Finding it
-        free means holding a shared lock for an instant, as ct200-stage's own status did."""
-        try:
-            fd = os.open(self.path(p), os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except OSError:
-                try:
-                    return os.pread(fd, 32, 0).decode(errors="replace").strip()
-                except OSError:
-                    return ""
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return None
-        finally:
-            os.close(fd)
+        free means holding a shared lock for an instant, as ct200-stage's own status does."""
+        from ct200_tools.stage.lock import held_by  # noqa: PLC0415 - only when models are read
+
+        return held_by(str(self.path(p)))
 
     def stat_node(self, p: str) -> NodeStat | None:
         """lstat a device node; None when absent. Raises OSError for other failures."""

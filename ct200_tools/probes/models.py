@@ -6,7 +6,6 @@ of every chunk. checks/staged.py turns that into the verdict (staged, missing, p
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import threading
@@ -157,19 +156,10 @@ DAMAGED = (ValueError, KeyError, TypeError, ArithmeticError, RecursionError)
 
 
 def parse_marker(text: str) -> MarkerFacts:
-    """A marker's fields (as stage/tree.read_marker reads them, without its open()); raises
+    """A marker's fields, parsed by stage/tree.parse_marker (as ct200-stage reads them); raises
     one of DAMAGED when the text is not a marker."""
-    raw = json.loads(text)
-    if not isinstance(raw, dict) or raw.get("kind") != tree.MARKER_KIND:
-        raise ValueError("not a ct200-stage marker")
-    return MarkerFacts(
-        str(raw["manifest_digest"]),
-        str(raw.get("name", "")),
-        str(raw.get("source", "")),
-        str(raw.get("staged_at", "")),
-        int(raw.get("files", 0)),
-        int(raw.get("bytes", 0)),
-    )
+    m = tree.parse_marker(text)
+    return MarkerFacts(m.manifest_digest, m.name, m.source, m.staged_at, m.files, m.bytes)
 
 
 def manifest_facts(m: Manifest, chunks: bool) -> ManifestFacts:

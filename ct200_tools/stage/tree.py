@@ -123,9 +123,17 @@ def read_marker(tree: str) -> Marker | None:
     """The marker, or None when absent; raises ValueError when present but unreadable as one."""
     try:
         with open(os.path.join(tree, MARKER_NAME), encoding="utf-8") as fh:
-            raw = json.load(fh)
+            text = fh.read()
     except FileNotFoundError:
         return None
+    return parse_marker(text)
+
+
+def parse_marker(text: str) -> Marker:
+    """A marker file's text: the one reading of its format (the doctor's probe reads the file
+    through its Reader and parses it here). Raises ValueError (or KeyError, TypeError) when it
+    is not a marker."""
+    raw = json.loads(text)
     if not isinstance(raw, dict) or raw.get("kind") != MARKER_KIND:
         raise ValueError("not a ct200-stage marker")
     return Marker(
