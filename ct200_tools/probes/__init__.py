@@ -86,8 +86,9 @@ def _probe_servers(r: Reader, spec: SiteSpec | None, scope: Scope | None) -> Any
     # Imported here: HTTP and the engine probe are needed only when the spec has servers.
     from ct200_tools.probes.servers import probe_servers  # noqa: PLC0415
 
-    only, live = (scope.server, scope.serving) if scope else (None, True)
-    return probe_servers(r, spec, probe_serving(r), only, live)
+    if scope is not None:  # one server, named: the serving set does not choose it
+        return probe_servers(r, spec, None, scope.server, scope.serving)
+    return probe_servers(r, spec, probe_serving(r), None, True)
 
 
 #: Why a probe the selected checks do not need has nothing in the facts.
