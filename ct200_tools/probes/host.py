@@ -1,0 +1,89 @@
+"""The PVE host's side (`check --host`): its kernel, its NVIDIA nodes, its GPUs' config space and
+the bridges above them, and the container's config in /etc/pve -- through any Reader: this
+machine's (`--host local`) or the host's over SSH (probes/ssh.py), with the same probes as the
+container side. It judges nothing; what it cannot read lands in `unreadable` under "host.".
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from ct200_tools.facts import HostFacts, LxcConfFacts
+from ct200_tools.probes.base import Reader
+from ct200_tools.probes.devices import probe_devices
+from ct200_tools.probes.kernel import probe_kernel
+from ct200_tools.probes.pci import probe_bridges, probe_pci
+from ct200_tools.spec import SiteSpec
+
+LXC_DIR = "/etc/pve/lxc"
+
+
+def conf_path(vmid: int) -> str:
+    return f"{LXC_DIR}/{vmid}.conf"
+
+
+def probe_lxc(r: Reader, vmid: int, passthrough: str) -> LxcConfFacts:
+    path = conf_path(vmid)
+    try:
+        # Read as bytes: pvecfg keeps what is not UTF-8, and so does the check's parse.
+        text = r.read_bytes(path).decode("utf-8", "surrogateescape")
+    except FileNotFoundError:
+        return LxcConfFacts(vmid, path, exists=False, passthrough=passthrough)
+    except OSError as exc:
+        r.note("lxc", f"cannot read {path}: {exc.strerror or exc}")
+        return LxcConfFacts(vmid, path, exists=True, passthrough=passthrough)
+    return LxcConfFacts(vmid, path, exists=True, text=text, passthrough=passthrough)
+
+
+def _guard(r: Reader, key: str, fn):  # type: ignore[no-untyped-def]
+    """One part's failure (a probe bug, a dropped connection) is recorded, not raised."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - a fact, as in probes/__init__.py
+        r.note(key, f"probe failed: {type(exc).__name__}: {exc}")
+        return None
+
+
+def probe_host(r: Reader, spec: SiteSpec, via: str) -> tuple[HostFacts, dict[str, str]]:
+    """The host's facts and why parts of them could not be read (keys prefixed "host.")."""
+    t0 = time.monotonic()
+    gpus = spec.gpus.count
+    kernel = _guard(r, "kernel", lambda: probe_kernel(r))
+    devices = _guard(r, "devices", lambda: probe_devices(r, gpus, open_nodes=False))
+    pci = _guard(r, "pci", lambda: probe_pci(r))
+    bridges = _guard(r, "bridges", lambda: probe_bridges(r, pci)) if pci is not None else None
+    if pci is None and "bridges" not in r.unreadable:
+        r.note("bridges", "the host's PCI bus was not read")
+    lxc = None
+    if spec.pve is not None:
+        pve = spec.pve
+        lxc = _guard(r, "lxc", lambda: probe_lxc(r, pve.vmid, pve.passthrough))
+    hostname = r.first_text("/proc/sys/kernel/hostname")
+    facts = HostFacts(
+        via=via,
+        hostname=hostname,
+        kernel=kernel,
+        devices=devices,
+        pci=pci,
+        bridges=bridges,
+        lxc=lxc,
+        duration_s=round(time.monotonic() - t0, 3),
+    )
+    return facts, {f"host.{k}": v for k, v in sorted(r.unreadable.items())}
+
+
+class HostProbe(threading.Thread):
+    """probe_host beside the container-side probes (their threads and CUDA children)."""
+
+    def __init__(self, r: Reader, spec: SiteSpec, via: str) -> None:
+        super().__init__(name="probe-host", daemon=True)
+        self.reader, self.spec, self.via = r, spec, via
+        self.result: tuple[HostFacts, dict[str, str]] | None = None
+        self.error: str | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = probe_host(self.reader, self.spec, self.via)
+        except Exception as exc:  # noqa: BLE001 - recorded, as every probe's
+            self.error = f"{type(exc).__name__}: {exc}"
