@@ -6,10 +6,12 @@ container side. It judges nothing; what it cannot read lands in `unreadable` und
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
+from typing import Any
 
-from ct200_tools.facts import HostFacts, LxcConfFacts
+from ct200_tools.facts import Facts, HostFacts, LxcConfFacts
 from ct200_tools.probes.base import Reader
 from ct200_tools.probes.devices import probe_devices
 from ct200_tools.probes.kernel import probe_kernel
@@ -81,9 +83,49 @@ class HostProbe(threading.Thread):
         self.reader, self.spec, self.via = r, spec, via
         self.result: tuple[HostFacts, dict[str, str]] | None = None
         self.error: str | None = None
+        #: The SSH session (ssh.SshSession) to close after the read; None for --host local.
+        self.session: Any = None
 
     def run(self) -> None:
         try:
             self.result = probe_host(self.reader, self.spec, self.via)
         except Exception as exc:  # noqa: BLE001 - recorded, as every probe's
             self.error = f"{type(exc).__name__}: {exc}"
+
+
+#: `--host local`: this machine is the host, read through the plain Reader (no SSH).
+LOCAL = "local"
+
+
+def start(host: str, spec: SiteSpec, ssh_config: str | None, timeout_s: float) -> HostProbe:
+    """Open the way to the host (SshError when it cannot be read: unknown key, refused...) and
+    start reading it in the background."""
+    if host == LOCAL:
+        probe = HostProbe(Reader(), spec, LOCAL)
+    else:
+        # Imported here: paramiko is needed only with --host HOST.
+        from ct200_tools.probes import ssh  # noqa: PLC0415
+
+        target = ssh.resolve(host, ssh_config)
+        session = ssh.connect(target, timeout_s)
+        probe = HostProbe(ssh.SshReader(session), spec, f"ssh {target.describe()}")
+        probe.session = session
+    probe.start()
+    return probe
+
+
+def finish(probe: HostProbe, facts: Facts, timeout_s: float) -> Facts:
+    """The facts with the host's added (or why it could not be read, under "host")."""
+    probe.join(timeout_s)
+    unreadable = dict(facts.unreadable)
+    host = None
+    if probe.is_alive():
+        unreadable["host"] = f"reading the host ({probe.via}) did not finish within {timeout_s:g} s"
+    elif probe.error is not None or probe.result is None:
+        unreadable["host"] = f"reading the host ({probe.via}) failed: {probe.error}"
+    else:
+        host, more = probe.result
+        unreadable.update(more)
+    if probe.session is not None and not probe.is_alive():
+        probe.session.close()
+    return dataclasses.replace(facts, host=host, unreadable=dict(sorted(unreadable.items())))

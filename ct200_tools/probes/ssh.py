@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import errno
 import hashlib
+import io
 import os
 import shlex
 import socket
@@ -23,7 +24,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import paramiko
 
@@ -128,7 +129,9 @@ class _Refuse(paramiko.RejectPolicy):
     def __init__(self, target: SshTarget) -> None:
         self.target = target
 
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> NoReturn:
         t = self.target
         files = ", ".join(t.known_hosts)
         raise UnknownHostKey(
@@ -171,13 +174,15 @@ def connect(target: SshTarget, timeout_s: float = CONNECT_TIMEOUT_S) -> SshSessi
                 raise SshError(f"known_hosts {path}: cannot read it: {exc}") from None
     client.set_missing_host_key_policy(_Refuse(target))
     keys = [p for p in target.identity_files if os.path.exists(p)]
+    # paramiko takes a list of key files; its stubs say one.
+    key_filename: Any = keys or None
     where = f"--host {target.alias}: {target.describe()}"
     try:
         client.connect(
             target.hostname,
             port=target.port,
             username=target.user,
-            key_filename=keys or None,
+            key_filename=key_filename,
             look_for_keys=not keys,
             allow_agent=not keys,
             timeout=timeout_s,
@@ -317,6 +322,12 @@ class SshReader(Reader):
 
     def connect(self, host: str, port: int, timeout_s: float) -> None:
         raise _unsupported("a TCP connection")
+
+    def open_binary(self, p: str) -> io.FileIO:
+        raise _unsupported(f"open({p})")
+
+    def lock_holder(self, p: str) -> str | None:
+        raise _unsupported(f"the lock on {p}")
 
     def request(
         self, method: str, url: str, body: bytes | None, timeout_s: float
