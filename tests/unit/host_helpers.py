@@ -192,3 +192,31 @@ def conf_edit(name: str, old: str, new: str) -> str:
     text = (FIXTURES / "pve" / name).read_text()
     assert old in text, (name, old)
     return text.replace(old, new, 1)
+
+
+def _devn_conf() -> str:
+    """DERIVED: the fresh PVE 8 config as the ct200_pve_lxc_gpu module leaves it in devn mode
+    (its own plan, for the CT200's eleven nodes)."""
+    from ct200_tools import pvecfg  # noqa: PLC0415
+
+    nodes = (*(f"/dev/nvidia{i}" for i in range(8)), "/dev/nvidiactl")
+    want = pvecfg.Want((*nodes, "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"), "devn")
+    return pvecfg.plan(pvecfg.parse((FIXTURES / "pve" / "fresh-pve8.conf").read_text()), want).after
+
+
+#: DERIVED: the incident's config with the stale rule corrected (509 -> 511).
+INCIDENT_FIXED = conf_edit("incident-raw.conf", "c 509:* rwm", "c 511:* rwm")
+DEVN = _devn_conf()
+#: DERIVED: devN entries plus the incident's leftover rule for the old major.
+DEVN_STALE = DEVN + "lxc.cgroup2.devices.allow: c 509:* rwm\n"
+
+
+def userspace(version: str, case: HostCase):  # type: ignore[no-untyped-def]
+    """DERIVED: the container's NVML reports another userspace driver than the host's module."""
+
+    def edit(f: Facts) -> Facts:
+        assert f.nvml is not None
+        f = dataclasses.replace(f, nvml=dataclasses.replace(f.nvml, driver_version=version))
+        return with_host(f, case)
+
+    return edit
