@@ -61,8 +61,9 @@ def proc_devices(uvm: int | None = 511, nvidia: bool = True) -> str:
         if name == "nvidia-uvm":
             if uvm is None or not nvidia:
                 continue
-            line = line.replace("238", str(uvm))
-        elif name.startswith("nvidia") and not nvidia:
+            out.append(line.replace("238", str(uvm)))
+            continue
+        if name.startswith("nvidia") and not nvidia:
             continue
         out.append(line)
     return "".join(out)
@@ -102,7 +103,7 @@ class HostCase:
     mrrs_code: int | None = None
     numa_balancing: int = 0
     #: ACS Control of the root port above each GPU; None: no ACS; "none": on the root bus.
-    acs: int | None | str = 0
+    acs: int | str | None = 0
     module: str | None = "recorded"
 
 
