@@ -125,11 +125,11 @@ def _check_host_args(host: str, spec: SiteSpec | None, source: str | None) -> Si
         from ct200_tools.probes.base import Reader  # noqa: PLC0415
         from ct200_tools.probes.kernel import detect_container  # noqa: PLC0415
 
-        kind = detect_container(Reader())
-        if kind != "none":
+        # An LXC container is the PVE host's guest, never the host: its /etc/pve is not there.
+        if detect_container(Reader()) == "lxc":
             raise DoctorError(
-                f"--host local reads this machine as the PVE host, but this is a container "
-                f"({kind}): give the host's name, e.g. --host pve"
+                "--host local reads this machine as the PVE host, but this is an LXC container "
+                "(a guest of the host): give the host's name, e.g. --host pve"
             )
     return spec
 

@@ -211,13 +211,23 @@ def connect(target: SshTarget, timeout_s: float = CONNECT_TIMEOUT_S) -> SshSessi
             f"ssh does (IdentityFile in the ssh config, the agent, ~/.ssh/id_*); "
             f"check that `ssh {target.alias} true` works without a password"
         ) from None
+    except paramiko.SSHException as exc:
+        client.close()
+        if "No authentication methods" not in str(exc):
+            raise SshError(
+                f"{where}: cannot connect ({exc}): check `ssh {target.alias} true`"
+            ) from None
+        raise SshError(
+            f"{where}: no key to log in with (no IdentityFile in the ssh config, no agent, no "
+            f"~/.ssh/id_*): check that `ssh {target.alias} true` works without a password"
+        ) from None
     except socket.gaierror as exc:
         client.close()
         raise SshError(
             f"{where}: cannot resolve {target.hostname} ({exc.strerror}): fix the name, or "
             "give its HostName in the ssh config"
         ) from None
-    except (OSError, paramiko.SSHException, EOFError) as exc:
+    except (OSError, EOFError) as exc:
         client.close()
         why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         raise SshError(

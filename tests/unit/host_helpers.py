@@ -171,11 +171,18 @@ def build(root: Path, case: HostCase) -> ReplayReader:
     return ReplayReader(root=root, nodes=nodes)
 
 
-@functools.cache
+_READ: dict[tuple[HostCase, str], tuple[HostFacts, dict[str, str]]] = {}
+
+
 def read_host(case: HostCase, spec: SiteSpec | None = None) -> tuple[HostFacts, dict[str, str]]:
-    """What probe_host reads of the case's tree (over SSH it reads the same files)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        return probe_host(build(Path(tmp), case), spec or ct200_spec(), "ssh root@pve")
+    """What probe_host reads of the case's tree (over SSH it reads the same files); once per
+    case and spec (a spec holds dicts: it is keyed by its repr)."""
+    spec = spec or ct200_spec()
+    key = (case, repr(spec))
+    if key not in _READ:
+        with tempfile.TemporaryDirectory() as tmp:
+            _READ[key] = probe_host(build(Path(tmp), case), spec, "ssh root@pve")
+    return _READ[key]
 
 
 def with_host(f: Facts, case: HostCase = HostCase(), spec: SiteSpec | None = None) -> Facts:
