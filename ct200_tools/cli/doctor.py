@@ -507,8 +507,12 @@ def _probe(
     if reading is None:
         return facts
     from ct200_tools.probes import host as host_probe  # noqa: PLC0415
+    from ct200_tools.probes.ssh import SshError  # noqa: PLC0415
 
-    return host_probe.finish(reading, facts, timeout)
+    try:
+        return host_probe.finish(reading, facts, timeout)
+    except SshError as exc:
+        raise DoctorError(str(exc)) from None
 
 
 def _read_facts(path: Path) -> Facts:

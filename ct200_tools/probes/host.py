@@ -76,18 +76,33 @@ def probe_host(r: Reader, spec: SiteSpec, via: str) -> tuple[HostFacts, dict[str
 
 
 class HostProbe(threading.Thread):
-    """probe_host beside the container-side probes (their threads and CUDA children)."""
+    """probe_host beside the container-side probes (their threads and CUDA children). Over SSH
+    the connection is made here too, so its key exchange overlaps the local probes; a refusal
+    (unknown host key...) is kept in `refused` and raised by finish()."""
 
-    def __init__(self, r: Reader, spec: SiteSpec, via: str) -> None:
+    def __init__(self, r: Reader | None, spec: SiteSpec, via: str, target: Any = None) -> None:
         super().__init__(name="probe-host", daemon=True)
-        self.reader, self.spec, self.via = r, spec, via
+        self.reader, self.spec, self.via, self.target = r, spec, via, target
         self.result: tuple[HostFacts, dict[str, str]] | None = None
         self.error: str | None = None
+        #: The SshError that kept the host from being read at all.
+        self.refused: Exception | None = None
         #: The SSH session (ssh.SshSession) to close after the read; None for --host local.
         self.session: Any = None
+        #: The SSH connection's own timeout (connect, banner, auth).
+        self.timeout_s = 10.0
 
     def run(self) -> None:
         try:
+            if self.reader is None:
+                from ct200_tools.probes import ssh  # noqa: PLC0415
+
+                try:
+                    self.session = ssh.connect(self.target, self.timeout_s)
+                except ssh.SshError as exc:
+                    self.refused = exc
+                    return
+                self.reader = ssh.SshReader(self.session)
             self.result = probe_host(self.reader, self.spec, self.via)
         except Exception as exc:  # noqa: BLE001 - recorded, as every probe's
             self.error = f"{type(exc).__name__}: {exc}"
@@ -98,8 +113,8 @@ LOCAL = "local"
 
 
 def start(host: str, spec: SiteSpec, ssh_config: str | None, timeout_s: float) -> HostProbe:
-    """Open the way to the host (SshError when it cannot be read: unknown key, refused...) and
-    start reading it in the background."""
+    """Start reading the host in the background: this machine with --host local, else over
+    SSH (the target resolved here: a bad HOST or ssh config is an SshError at once)."""
     if host == LOCAL:
         probe = HostProbe(Reader(), spec, LOCAL)
     else:
@@ -107,16 +122,18 @@ def start(host: str, spec: SiteSpec, ssh_config: str | None, timeout_s: float) -
         from ct200_tools.probes import ssh  # noqa: PLC0415
 
         target = ssh.resolve(host, ssh_config)
-        session = ssh.connect(target, timeout_s)
-        probe = HostProbe(ssh.SshReader(session), spec, f"ssh {target.describe()}")
-        probe.session = session
+        probe = HostProbe(None, spec, f"ssh {target.describe()}", target)
+        probe.timeout_s = timeout_s
     probe.start()
     return probe
 
 
 def finish(probe: HostProbe, facts: Facts, timeout_s: float) -> Facts:
-    """The facts with the host's added (or why it could not be read, under "host")."""
+    """The facts with the host's added (or why it could not be read, under "host"); the
+    SshError when the host refused the connection."""
     probe.join(timeout_s)
+    if probe.refused is not None:
+        raise probe.refused
     unreadable = dict(facts.unreadable)
     host = None
     if probe.is_alive():

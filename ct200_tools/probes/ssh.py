@@ -21,14 +21,19 @@ import os
 import shlex
 import socket
 import stat
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-import paramiko
+# paramiko.config imports invoke (about 60% of paramiko's import time) only to run an ssh
+# config's `Match exec`; the doctor does not run commands from a config. Without it, such a
+# config is an error that says so (resolve).
+sys.modules.setdefault("invoke", None)  # type: ignore[arg-type]
+import paramiko  # noqa: E402
 
-from ct200_tools.probes.base import NodeStat, Ran, Reader, RunTimeout
+from ct200_tools.probes.base import NodeStat, Ran, Reader, RunTimeout  # noqa: E402
 
 #: ssh(1)'s defaults.
 USER_CONFIG = "~/.ssh/config"
@@ -85,7 +90,13 @@ def resolve(host: str, ssh_config: str | None = None) -> SshTarget:
             raise SshError(f"--ssh-config {path}: cannot read it: {exc.strerror or exc}") from None
         except Exception as exc:  # noqa: BLE001 - paramiko's parse errors have no common type
             raise SshError(f"ssh config {path}: {exc}") from None
-    found = cfg.lookup(name)
+    try:
+        found = cfg.lookup(name)
+    except ImportError:
+        raise SshError(
+            f"ssh config {path}: `Match exec` runs a command to pick settings; the doctor runs "
+            f"none: give it a config without it (--ssh-config FILE)"
+        ) from None
     try:
         port = int(found.get("port", 22))
     except ValueError:
