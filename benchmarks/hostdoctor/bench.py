@@ -34,21 +34,30 @@ SPEC = REPO / "inventory" / "testbed"
 HOST = "pve"
 
 
-def timed(argv: list[str]) -> tuple[float, int]:
+def timed(argv: list[str]) -> tuple[float, int, str]:
     t0 = time.perf_counter()
     proc = subprocess.run(
         argv,
         cwd=REPO,
         capture_output=True,
+        text=True,
         timeout=300,
         check=False,
         env={**os.environ, "NO_COLOR": "1"},
     )
-    return time.perf_counter() - t0, proc.returncode
+    return time.perf_counter() - t0, proc.returncode, proc.stdout + proc.stderr
+
+
+def host_read(out: str) -> bool:
+    """Whether the doctor's JSON report names the host it read (a refused key prints none)."""
+    try:
+        return json.loads(out[out.find("{") :]).get("host") is not None
+    except ValueError:
+        return False
 
 
 def measure(ssh_config: Path, spec: Path, reps: int) -> dict[str, Any]:
-    doctor = [sys.executable, "-m", "ct200_tools.cli.entry", "check", "--spec", str(spec)]
+    doctor = [sys.executable, "-m", "ct200_tools.cli.entry", "check", "--json", "--spec", str(spec)]
     with_host = [*doctor, "--host", HOST, "--ssh-config", str(ssh_config)]
     ssh_true = ["ssh", "-F", str(ssh_config), "-o", "BatchMode=yes", HOST, "true"]
     times: dict[str, list[float]] = {"doctor_host": [], "ssh_true": [], "doctor_local": []}
@@ -59,9 +68,11 @@ def measure(ssh_config: Path, spec: Path, reps: int) -> dict[str, Any]:
             ("ssh_true", ssh_true),
             ("doctor_local", doctor),
         ):
-            seconds, rc = timed(argv)
+            seconds, rc, out = timed(argv)
             times[name].append(seconds)
             rcs[name] = rc
+            if name == "doctor_host" and not host_read(out):
+                sys.exit(f"bench: `{' '.join(argv)}` did not read the host:\n{out[-2000:]}")
     if rcs["ssh_true"] != 0:
         sys.exit(f"bench: `{' '.join(ssh_true)}` failed (exit {rcs['ssh_true']})")
     med = {k: statistics.median(v) for k, v in times.items()}
