@@ -101,6 +101,20 @@ def check_host_nodes(ctx: Context) -> Outcome:
             return skipped(
                 "the host's /proc/devices was not read", ctx.unreadable("host.devices") or ""
             )
+        if h.pci is not None and not h.pci:
+            # Nothing to load a driver for (driver.module's rule): the GPUs are elsewhere.
+            return failed(
+                "no NVIDIA GPU on the host's PCI bus and no NVIDIA driver: "
+                f"{h.hostname or 'it'} is not the GPUs' host",
+                Remedy(
+                    "give --host the PVE host the GPUs (and the container) are in",
+                    "this machine",
+                    None,
+                    None,
+                ),
+                evidence,
+                "host /sys/bus/pci/devices: no NVIDIA (vendor 0x10de) display device",
+            )
         return failed(
             "the NVIDIA kernel module is not loaded on the host", modules_fix(ctx, False), evidence
         )
@@ -182,6 +196,8 @@ def check_acs(ctx: Context) -> Outcome:
         return no_host(ctx)
     if h.bridges is None:
         return skipped("the bridges above the GPUs were not read", ctx.unreadable("host") or "")
+    if h.pci is not None and not h.pci:
+        return skipped("no NVIDIA GPU on the host's PCI bus")
     if not h.bridges:
         return passed("no PCIe bridge above the GPUs (they sit on the root bus)")
     unread = [b.bdf for b in h.bridges if b.has_acs is None]

@@ -143,6 +143,7 @@ def build(root: Path, case: HostCase) -> ReplayReader:
     cfg = recorded_config()
     if case.mrrs_code is not None:
         cfg = with_devctl(cfg, mrrs_code=case.mrrs_code)
+    (root / "sys/bus/pci/devices").mkdir(parents=True, exist_ok=True)
     for i, bdf in enumerate(case.gpus):
         port = f"0000:00:{i + 1:02x}.1"
         rel = f"pci0000:00/{bdf}" if case.acs == "none" else f"pci0000:00/{port}/{bdf}"

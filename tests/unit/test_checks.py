@@ -560,6 +560,12 @@ EXAMPLES: dict[str, tuple[Example, ...]] = {
         Example("ct200-ct-healthy", "ct200", "fail", hh.on(hh.HostCase(uvm=None))),
         Example("ct200-ct-healthy", "ct200", "fail", hh.on(hh.HostCase(nvidia=False, module=None))),
         Example("ct200-ct-healthy", "ct200", "fail", hh.on(hh.HostCase(missing=("/dev/nvidia3",)))),
+        Example(
+            "ct200-ct-healthy",
+            "ct200",
+            "fail",
+            hh.on(hh.HostCase(gpus=(), nvidia=False, module=None)),
+        ),
     ),
     "lxc.nodes": (
         Example("ct200-ct-healthy", "ct200", "pass", hh.on()),

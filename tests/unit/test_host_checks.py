@@ -136,6 +136,16 @@ def test_missing_host_node_is_made_with_nvidia_modprobe() -> None:
     assert nodes.remediation is not None and nodes.remediation.command == "nvidia-modprobe -c 3"
 
 
+def test_a_host_without_gpus_is_not_the_gpus_host() -> None:
+    got = judged(hh.HostCase(gpus=(), nvidia=False, module=None))
+    nodes = got["host.nodes"]
+    assert nodes.status == "fail"
+    assert nodes.summary.endswith("pve is not the GPUs' host")
+    assert nodes.remediation is not None and nodes.remediation.command is None
+    assert nodes.remediation.tag is None  # no playbook makes GPUs appear
+    assert got["host.acs"].status == "skip"
+
+
 def test_host_mrrs_reads_the_recorded_config_space() -> None:
     """The recorded H200 (MRRS 4096, MPS 256 in the recorded snapshot), read as the host."""
     host, _ = hh.read_host(hh.HostCase(gpus=("0000:00:06.0",), acs="none"))
