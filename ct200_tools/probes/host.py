@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ct200_tools.facts import Facts, HostFacts, LxcConfFacts
 from ct200_tools.probes.base import Reader
@@ -19,6 +20,7 @@ from ct200_tools.probes.pci import probe_bridges, probe_pci
 from ct200_tools.spec import SiteSpec
 
 LXC_DIR = "/etc/pve/lxc"
+T = TypeVar("T")
 
 
 def conf_path(vmid: int) -> str:
@@ -38,7 +40,7 @@ def probe_lxc(r: Reader, vmid: int, passthrough: str) -> LxcConfFacts:
     return LxcConfFacts(vmid, path, exists=True, text=text, passthrough=passthrough)
 
 
-def _guard(r: Reader, key: str, fn):  # type: ignore[no-untyped-def]
+def _guard(r: Reader, key: str, fn: Callable[[], T]) -> T | None:
     """One part's failure (a probe bug, a dropped connection) is recorded, not raised."""
     try:
         return fn()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -191,7 +192,7 @@ def with_host(f: Facts, case: HostCase = HostCase(), spec: SiteSpec | None = Non
     return dataclasses.replace(f, host=host, unreadable={**f.unreadable, **unreadable})
 
 
-def on(case: HostCase = HostCase()):  # type: ignore[no-untyped-def]
+def on(case: HostCase = HostCase()) -> Callable[[Facts], Facts]:
     """An Example edit: the container's facts with this host beside them."""
     return lambda f: with_host(f, case)
 
@@ -220,7 +221,7 @@ DEVN = _devn_conf()
 DEVN_STALE = DEVN + "lxc.cgroup2.devices.allow: c 509:* rwm\n"
 
 
-def userspace(version: str, case: HostCase):  # type: ignore[no-untyped-def]
+def userspace(version: str, case: HostCase) -> Callable[[Facts], Facts]:
     """DERIVED: the container's NVML reports another userspace driver than the host's module."""
 
     def edit(f: Facts) -> Facts:

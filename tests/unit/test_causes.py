@@ -370,7 +370,9 @@ CASES |= PER_GPU_CASES
 H200_HOST = hh.HostCase(gpus=("0000:00:06.0",), uvm=238, acs="none", conf_text=hh.DEVN)
 
 
-def _then_host(edit: Callable[[Facts], Facts], case: hh.HostCase, name: str = "h200"):  # type: ignore[no-untyped-def]
+def _then_host(
+    edit: Callable[[Facts], Facts], case: hh.HostCase, name: str = "h200"
+) -> Callable[[Facts], Facts]:
     return lambda f: hh.with_host(edit(f), case, spec(name))
 
 
