@@ -145,13 +145,18 @@ class _Refuse(paramiko.RejectPolicy):
     ) -> NoReturn:
         t = self.target
         files = ", ".join(t.known_hosts)
+        user_file = next(
+            (f for f in t.known_hosts if f != "/dev/null"),
+            os.path.expanduser("~/.ssh/known_hosts"),
+        )
+        port = "" if t.port == 22 else f"-p {t.port} "
         raise UnknownHostKey(
             f"--host {t.alias}: the SSH host key of {t.describe()} is not in known_hosts "
             f"({files}); it offered {key.get_name()} {fingerprint(key)}. The doctor never trusts "
             f"an unknown key: compare that fingerprint with the host's own "
             f"(ssh-keygen -lf /etc/ssh/ssh_host_{_short(key)}_key.pub on its console), then "
             f"record it with `ssh {t.alias} true` (answer yes) or "
-            f"`ssh-keyscan -p {t.port} -H {t.hostname} >> ~/.ssh/known_hosts`, and run again"
+            f"`ssh-keyscan {port}-H {t.hostname} >> {shlex.quote(user_file)}`, and run again"
         )
 
 
