@@ -470,6 +470,47 @@ class ServerFacts:
 
 
 @dataclass(frozen=True)
+class BridgeFacts:
+    """A PCIe bridge (switch port or root port) above a GPU, and its ACS Control register."""
+
+    bdf: str
+    #: The GPUs below it.
+    gpus: tuple[str, ...] = ()
+    #: Whether its extended config space has an ACS capability; None when it was not readable.
+    has_acs: bool | None = None
+    #: ACS Control (capability + 6); None without ACS or when unreadable.
+    acs_ctl: int | None = None
+
+
+@dataclass(frozen=True)
+class LxcConfFacts:
+    """The container's PVE config as read on the host (/etc/pve/lxc/<vmid>.conf)."""
+
+    vmid: int
+    path: str
+    exists: bool = False
+    #: The file as read; None when absent or unreadable (`unreadable` says why).
+    text: str | None = None
+    #: The spec's passthrough mode (devn, raw-lxc) the config is judged against.
+    passthrough: str = "devn"
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """The PVE host as `check --host` reads it: locally (`--host local`) or over SSH."""
+
+    #: "local", or "ssh USER@HOST:PORT".
+    via: str
+    hostname: str | None = None
+    kernel: KernelFacts | None = None
+    devices: DeviceFacts | None = None
+    pci: tuple[PciFacts, ...] | None = None
+    bridges: tuple[BridgeFacts, ...] | None = None
+    lxc: LxcConfFacts | None = None
+    duration_s: float | None = None
+
+
+@dataclass(frozen=True)
 class ProbeRun:
     name: str
     duration_s: float
@@ -493,6 +534,8 @@ class Facts:
     models: tuple[ModelFacts, ...] | None = None
     serving: ServingFacts | None = None
     servers: tuple[ServerFacts, ...] | None = None
+    #: The PVE host, read only by `check --host` (absent otherwise: its checks skip).
+    host: HostFacts | None = field(default=None, metadata=LATER)
     probes: tuple[ProbeRun, ...] = ()
     #: "<probe>[.<what>]" -> why it could not be read. Checks turn these into skips, never failures.
     unreadable: dict[str, str] = field(default_factory=dict)

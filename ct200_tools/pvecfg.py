@@ -246,6 +246,8 @@ class Plan:
     managed: tuple[str, ...]
     added: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
+    #: (old line, new line) for each line changed in place (a stale major's allow rule).
+    replaced: tuple[tuple[str, str], ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -337,6 +339,69 @@ def _owned(line: Line, want: Want, ours: set[int], live: set[int] | None) -> _It
     return None
 
 
+# --- what the doctor reads of a config (checks/lxc.py) ----------------------------------------
+
+
+def passed_nodes(config: Config) -> dict[str, str]:
+    """Host node path -> the main-section line that passes it (a devN entry or a bind mount)."""
+    out: dict[str, str] = {}
+    for line in config.lines:
+        if line.dev_index is not None:
+            path = _dev_opts(line.value).get("path", "")
+        elif line.kind == "lxc" and line.key == MOUNT_KEY and line.value.split():
+            path = line.value.split()[0]
+        else:
+            continue
+        if path:
+            out.setdefault(path, line.text)
+    return out
+
+
+@dataclass(frozen=True)
+class AllowRule:
+    line: str
+    #: "a" (all devices), "b" or "c".
+    type: str
+    #: None for "*".
+    major: int | None
+    minor: int | None
+
+
+def allow_rules(config: Config) -> list[AllowRule]:
+    """The main section's device allow rules that parse (cgroup v2 key and the v1 one)."""
+    out = []
+    for line in config.lines:
+        if line.kind != "lxc" or line.key not in (ALLOW_KEY, ALLOW_KEY_V1):
+            continue
+        value = " ".join(line.value.split())
+        if value == "a":
+            out.append(AllowRule(line.text, "a", None, None))
+            continue
+        m = _ALLOW.match(value)
+        if m:
+            major = None if m.group(2) == "*" else int(m.group(2))
+            minor = None if m.group(3) == "*" else int(m.group(3))
+            out.append(AllowRule(line.text, m.group(1), major, minor))
+    return out
+
+
+def allows(rules: list[AllowRule], major: int) -> bool:
+    """Whether the rules let the container use char major ``major`` (every minor of it, or some)."""
+    return any(r.type == "a" or (r.type == "c" and r.major in (None, major)) for r in rules)
+
+
+def is_stale(rule: AllowRule, live: set[int]) -> bool:
+    """A whole-major char rule for a dynamic major no driver holds now: the rule ``plan``
+    replaces (raw-lxc) or deletes (devn), like the incident's rule for an old nvidia-uvm major."""
+    return (
+        rule.type == "c"
+        and rule.major is not None
+        and rule.minor is None
+        and is_dynamic(rule.major)
+        and rule.major not in live
+    )
+
+
 def _same(item: _Item, line: Line) -> bool:
     if item.kind == "dev":
         have = _dev_opts(line.value)
@@ -412,6 +477,7 @@ def plan(config: Config, want: Want) -> Plan:
     lines: list[Line] = []
     added: list[str] = []
     removed: list[str] = []
+    replaced: list[tuple[str, str]] = []
     for i, line in enumerate(config.lines):
         item = placed.get(i)
         if i in owned and item is None:
@@ -423,6 +489,7 @@ def plan(config: Config, want: Want) -> Plan:
             lines.append(new)
             removed.append(line.text)
             added.append(new.text)
+            replaced.append((line.text, new.text))
 
     used = {ln.dev_index for ln in lines if ln.dev_index is not None}
     used |= config.pending_dev_indexes()
@@ -435,7 +502,9 @@ def plan(config: Config, want: Want) -> Plan:
     final_newline = config.final_newline or (not config.lines and bool(lines))
     after = Config(tuple(lines), final_newline, config.rest)
     managed = tuple(ln.text for ln in lines if _owned(ln, want, ours, live) is not None)
-    return Plan(config.render(), after.render(), managed, tuple(added), tuple(removed))
+    return Plan(
+        config.render(), after.render(), managed, tuple(added), tuple(removed), tuple(replaced)
+    )
 
 
 def _insert_at(lines: list[Line], item: _Item) -> int:

@@ -86,6 +86,10 @@ def render_text(
         f"ct200-doctor {__version__} on {f.hostname or '?'} "
         f"(container: {where}; spec: {head.spec_source or 'none'})",
     ]
+    if f.host is not None:
+        lines.append(f"PVE host: {f.host.hostname or '?'} read {_via(f.host.via)}")
+    elif "host" in f.unreadable:
+        lines.append(f"PVE host: not read ({f.unreadable['host']})")
     lines.extend(f"spec warning: {w}" for w in head.spec_warnings)
     no_spec = [x for x in findings if x.status == "skip" and x.summary == NEEDS_SPEC]
     if no_spec and head.spec_source is None:
@@ -165,6 +169,10 @@ def _not_run_causes(findings: Sequence[Finding]) -> list[str]:
     ]
 
 
+def _via(via: str) -> str:
+    return "here (--host local)" if via == "local" else f"over {via}"
+
+
 def render_json(findings: Sequence[Finding], head: Header, code: int) -> str:
     counts = Counter(x.status for x in findings)
     doc = {
@@ -174,6 +182,12 @@ def render_json(findings: Sequence[Finding], head: Header, code: int) -> str:
         "collected_at": head.facts.collected_at,
         "spec": head.spec_source,
         "spec_warnings": list(head.spec_warnings),
+        # The PVE host `check --host` read, and how; null without --host.
+        "host": (
+            {"hostname": head.facts.host.hostname, "via": head.facts.host.via}
+            if head.facts.host is not None
+            else None
+        ),
         "exit_code": int(code),
         "summary": {s: counts.get(s, 0) for s in STATUSES},
         # The failing checks every failure and blocked skip comes from (their caused_by).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from ct200_tools.checks import dev, driver, gpu, host, mem, models, server, topo, tune
+from ct200_tools.checks import dev, driver, gpu, host, lxc, mem, models, server, topo, tune
 from ct200_tools.checks.base import Check, Context, Finding, run_check
 from ct200_tools.checks.causes import CAUSES, rules_for
 from ct200_tools.facts import Facts
@@ -37,6 +37,13 @@ CHECKS: tuple[Check, ...] = (
     topo.check_p2p,
     tune.check_numa_balancing,
     tune.check_mrrs,
+    host.check_host_nodes,
+    lxc.check_lxc_nodes,
+    lxc.check_lxc_majors,
+    host.check_host_driver,
+    host.check_host_mrrs,
+    host.check_host_numa_balancing,
+    host.check_acs,
     host.check_iommu,
     mem.check_shm,
     models.check_staged,

@@ -27,7 +27,7 @@ Severity = Literal["error", "warning"]
 Where = Literal["host", "container", "this machine"]
 #: The Facts sections a check may read (the probes' names).
 FactName = Literal[
-    "kernel", "devices", "pci", "nvml", "cuda", "memory", "models", "serving", "servers"
+    "kernel", "devices", "pci", "nvml", "cuda", "memory", "models", "serving", "servers", "host"
 ]
 #: A check's `about` when its unit does not say: by id prefix; other prefixes judge the
 #: machine as a whole (sysctls, /dev/shm).

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ct200_tools import pvecfg
 from ct200_tools.checks import dev, server
 from ct200_tools.checks.base import Context
 from ct200_tools.checks.gpu import node_problems_of
@@ -250,6 +251,104 @@ CAUSES += (
         "server.port_free",
         "another process holds the server's port: it is what answers",
         _servers("server.generate", server.port_taken),
+    ),
+)
+
+
+def _host_uvm_missing(ctx: Context) -> bool:
+    h = ctx.facts.host
+    d = h.devices if h is not None else None
+    return (
+        d is not None
+        and any(k.startswith("nvidia") for k in d.majors)
+        and ("nvidia-uvm" not in d.majors)
+    )
+
+
+def _host_module_missing(ctx: Context) -> bool:
+    h = ctx.facts.host
+    d = h.devices if h is not None else None
+    return (
+        d is not None
+        and not any(k.startswith("nvidia") for k in d.majors)
+        and not ctx.unreadable("host.devices.proc_devices")
+    )
+
+
+def _missing_here_and_on_host(ctx: Context) -> bool:
+    """A node missing here is missing on the host too: the host must make it first."""
+    h = ctx.facts.host
+    d = h.devices if h is not None else None
+    if d is None:
+        return False
+    missing = [pr.path for pr in dev.problems(ctx) if pr.kind in _MISSING]
+    return any((n := d.node(p)) is None or not n.exists for p in missing)
+
+
+def _missing_here_not_passed(ctx: Context) -> bool:
+    """A node missing here is not passed by the container's config (lxc.nodes names it)."""
+    h = ctx.facts.host
+    c = h.lxc if h is not None else None
+    if c is None or c.text is None:
+        return False
+    passed = pvecfg.passed_nodes(pvecfg.parse(c.text))
+    return any(pr.path not in passed for pr in dev.problems(ctx) if pr.kind in _MISSING)
+
+
+def _denied_here(ctx: Context) -> bool:
+    return any(pr.kind == "denied" for pr in dev.problems(ctx))
+
+
+#: The host's side (check --host): the container's failures point at what the host shows.
+CAUSES += (
+    Cause(
+        "driver.module",
+        "host.nodes",
+        "the host's /proc/devices lists no NVIDIA driver (check --host)",
+        _host_module_missing,
+    ),
+    Cause(
+        "dev.majors",
+        "host.nodes",
+        "nvidia_uvm is not loaded on the host (check --host)",
+        _host_uvm_missing,
+    ),
+    Cause(
+        "dev.nodes",
+        "host.nodes",
+        "a node missing here is missing on the host too (check --host)",
+        _missing_here_and_on_host,
+    ),
+    Cause(
+        "dev.nodes",
+        "lxc.nodes",
+        "a node missing here is not passed by the container's config (check --host)",
+        _missing_here_not_passed,
+    ),
+    Cause(
+        "dev.open",
+        "lxc.majors",
+        "the device cgroup denies a node here (EPERM) and the container's config allows a stale "
+        "major or misses the current one (check --host)",
+        _denied_here,
+    ),
+    Cause(
+        "driver.versions",
+        "host.driver",
+        "the host's module is not this machine's userspace driver version (check --host)",
+        _always,
+    ),
+    Cause(
+        "tune.pcie_mrrs",
+        "host.pcie_mrrs",
+        "the host's full config space shows the wrong MRRS (check --host)",
+        _always,
+    ),
+    Cause(
+        "tune.numa_balancing",
+        "host.numa_balancing",
+        "the host's sysctl is wrong (check --host)",
+        _always,
     ),
 )
 

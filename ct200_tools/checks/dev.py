@@ -274,6 +274,22 @@ _LOCAL_FIXES = (
 )
 
 
+def host_node_fix(ctx: Context, prs: Sequence[NodeProblem]) -> Remedy:
+    """The fix for node problems on the host itself (missing, not a node, stale major): made
+    there with nvidia-modprobe, whatever this machine is (host.nodes)."""
+    parts = [
+        fix(ctx, group)
+        for kinds, fix in _LOCAL_FIXES[:2]
+        if (group := [pr for pr in prs if pr.kind in kinds])
+    ]
+    return Remedy(
+        "; ".join(p.action for p in parts),
+        "host",
+        "\n".join(p.command for p in parts if p.command),
+        "host_devices",
+    )
+
+
 def _evidence(ctx: Context) -> list[str]:
     dev = ctx.facts.devices
     if dev is None:

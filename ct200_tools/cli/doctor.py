@@ -50,6 +50,8 @@ Examples:
   ct200-doctor check --facts facts.json --spec site.yml
   ct200-doctor validate inventory/ct200
   ct200-doctor check --server qwen-tp4-ddtree   one server: its GPUs, models, unit, port
+  ct200-doctor check --host pve            also the PVE host, over SSH (keys in known_hosts)
+  ct200-doctor check --host local          on the PVE host itself: its checks, no SSH
   ct200-doctor gate qwen-tp4-ddtree        can it start? (its unit's ExecStartPre)
 
 \b
@@ -85,6 +87,61 @@ def cuda_init_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 class DoctorError(Exception):
     """Bad input: printed as one clear message, exit 2."""
+
+
+def host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--host HOST and --ssh-config FILE: also read the PVE host (checks host.*, lxc.*)."""
+    fn = click.option(
+        "--ssh-config",
+        "ssh_config",
+        type=click.Path(dir_okay=False),
+        help="The ssh config that resolves --host (HostName, User, Port, IdentityFile, "
+        "UserKnownHostsFile) [default: ~/.ssh/config].",
+    )(fn)
+    return click.option(
+        "--host",
+        "host",
+        metavar="HOST",
+        help="Also read the PVE host and judge it (host.*, lxc.*): over SSH ([USER@]NAME as "
+        "for ssh; its key must be in known_hosts), or `local` on the host itself (no SSH). "
+        "Needs the spec's pve.vmid.",
+    )(fn)
+
+
+def _check_host_args(host: str, spec: SiteSpec | None, source: str | None) -> SiteSpec:
+    """--host needs the spec's pve.vmid: the container whose config the host checks read."""
+    if spec is None:
+        raise DoctorError(
+            f"--host {host}: the host checks read the container's config named by the site "
+            "spec's pve.vmid: pass --spec PATH"
+        )
+    if spec.pve is None:
+        raise DoctorError(
+            f"--host {host}: the site spec {source} has no pve.vmid (e.g. `pve: {{vmid: 200}}`; "
+            "ct200_site.pve.vmid in an inventory): it names the container whose "
+            "/etc/pve/lxc/<vmid>.conf the host checks read"
+        )
+    if host == "local":
+        from ct200_tools.probes.base import Reader  # noqa: PLC0415
+        from ct200_tools.probes.kernel import detect_container  # noqa: PLC0415
+
+        # An LXC container is the PVE host's guest, never the host: its /etc/pve is not there.
+        if detect_container(Reader()) == "lxc":
+            raise DoctorError(
+                "--host local reads this machine as the PVE host, but this is an LXC container "
+                "(a guest of the host): give the host's name, e.g. --host pve"
+            )
+    return spec
+
+
+def _start_host(host: str, spec: SiteSpec, ssh_config: str | None, timeout: float) -> Any:
+    from ct200_tools.probes import host as host_probe  # noqa: PLC0415
+    from ct200_tools.probes.ssh import SshError  # noqa: PLC0415
+
+    try:
+        return host_probe.start(host, spec, ssh_config, min(timeout, QUICK_TIMEOUT_S))
+    except SshError as exc:
+        raise DoctorError(str(exc)) from None
 
 
 def _load_spec(path: str | None) -> tuple[SiteSpec | None, str | None]:
@@ -229,6 +286,7 @@ def cli() -> None:
     "Not with --facts.",
 )
 @cuda_init_option
+@host_options
 def check(
     spec_path: str | None,
     facts_path: Path | None,
@@ -243,8 +301,11 @@ def check(
     deep: bool,
     timeout: float | None,
     cuda_init: str | None,
+    host: str | None,
+    ssh_config: str | None,
 ) -> None:
-    """Probe this machine (or read --facts) and judge it against the site spec."""
+    """Probe this machine (or read --facts) and judge it against the site spec; with --host,
+    the PVE host too."""
     if as_json and prometheus:
         raise click.UsageError(
             "--json and --prometheus both choose what is printed: give one "
@@ -262,6 +323,11 @@ def check(
             f"{flag} changes how this machine is probed, and --facts probes nothing: take "
             f"the snapshot with `ct200-doctor snapshot {flag}{arg}`"
         )
+    if facts_path is not None and host is not None:
+        raise click.UsageError(
+            "--host reads the host now, and --facts probes nothing: take the snapshot with "
+            f"`ct200-doctor snapshot --host {host}`"
+        )
     try:
         selected = select(_split(only), _split(skip))
     except SelectionError as exc:
@@ -269,6 +335,8 @@ def check(
     if textfile is not None:
         _check_textfile(textfile)
     spec, source = _load_spec(spec_path)
+    if host is not None:
+        spec = _check_host_args(host, spec, source)
     scope = _scope(spec, server) if server is not None else None
     if scope is not None:
         selected = for_scope(selected, scope)
@@ -280,7 +348,7 @@ def check(
     facts = (
         _read_facts(facts_path)
         if facts_path
-        else _probe(spec, timeout, deep, scope, cuda_init=cuda_init)
+        else _probe(spec, timeout, deep, scope, cuda_init=cuda_init, host=host, ssh=ssh_config)
     )
     findings = run_checks(facts, spec, selected, scope)
     code = exit_code(findings, strict)
@@ -347,14 +415,23 @@ def gate(name: str, spec_path: str | None, timeout: float | None) -> None:
     help=f"Seconds per probe [default: {QUICK_TIMEOUT_S:g}].",
 )
 @cuda_init_option
+@host_options
 def snapshot(
-    spec_path: str | None, deep: bool, timeout: float | None, cuda_init: str | None
+    spec_path: str | None,
+    deep: bool,
+    timeout: float | None,
+    cuda_init: str | None,
+    host: str | None,
+    ssh_config: str | None,
 ) -> None:
-    """Print this machine's facts as JSON, to judge elsewhere with `check --facts`."""
+    """Print this machine's facts as JSON (with --host, the PVE host's too), to judge elsewhere
+    with `check --facts`."""
     from ct200_tools.facts import dumps  # noqa: PLC0415
 
-    spec, _ = _load_spec(spec_path)
-    _emit(dumps(_probe(spec, timeout, deep, cuda_init=cuda_init)))
+    spec, source = _load_spec(spec_path)
+    if host is not None:
+        spec = _check_host_args(host, spec, source)
+    _emit(dumps(_probe(spec, timeout, deep, cuda_init=cuda_init, host=host, ssh=ssh_config)))
     _exit(Exit.OK)
 
 
@@ -409,12 +486,17 @@ def _probe(
     scope: Scope | None = None,
     only: set[str] | None = None,
     cuda_init: str | None = None,
+    host: str | None = None,
+    ssh: str | None = None,
 ) -> Facts:
+    """This machine's facts; with host, the host's read beside them (its connection first:
+    an unknown host key stops the run before anything is probed)."""
     from ct200_tools.probes import collect  # noqa: PLC0415
 
     if timeout is None:
         timeout = DEEP_TIMEOUT_S if deep else QUICK_TIMEOUT_S
-    return collect(
+    reading = _start_host(host, spec, ssh, timeout) if host and spec else None
+    facts = collect(
         spec=spec,
         timeout_s=timeout,
         deep=deep,
@@ -422,6 +504,15 @@ def _probe(
         only=only,
         cuda_mode=cuda_init or DEFAULT_CUDA_MODE,
     )
+    if reading is None:
+        return facts
+    from ct200_tools.probes import host as host_probe  # noqa: PLC0415
+    from ct200_tools.probes.ssh import SshError  # noqa: PLC0415
+
+    try:
+        return host_probe.finish(reading, facts, timeout)
+    except SshError as exc:
+        raise DoctorError(str(exc)) from None
 
 
 def _read_facts(path: Path) -> Facts:

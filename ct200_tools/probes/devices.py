@@ -60,7 +60,7 @@ def opened_by_cuda(path: str) -> bool:
     return path in CORE_NODES or re.fullmatch(r"/dev/nvidia\d+", path) is not None
 
 
-def inspect_node(r: Reader, path: str) -> DevNode:
+def inspect_node(r: Reader, path: str, open_node: bool = True) -> DevNode:
     try:
         st = r.stat_node(path)
     except OSError as exc:
@@ -70,7 +70,7 @@ def inspect_node(r: Reader, path: str) -> DevNode:
         return DevNode(path=path, exists=False)
     # Open only what libcuda opens, and only char nodes: opening whatever else sits at the path
     # proves nothing, and MIG capability or NVSwitch nodes are none of CUDA's start-up.
-    errno_ = r.try_open(path) if st.is_char and opened_by_cuda(path) else None
+    errno_ = r.try_open(path) if open_node and st.is_char and opened_by_cuda(path) else None
     return DevNode(
         path=path,
         exists=True,
@@ -82,10 +82,12 @@ def inspect_node(r: Reader, path: str) -> DevNode:
     )
 
 
-def probe_devices(r: Reader, gpu_count: int | None) -> DeviceFacts:
+def probe_devices(r: Reader, gpu_count: int | None, open_nodes: bool = True) -> DeviceFacts:
+    """open_nodes=False: stat only (the host's nodes, judged for existence and major: the
+    container is what opens them)."""
     majors: dict[str, int] = {}
     text = r.read_or_note("/proc/devices", "devices.proc_devices")
     if text is not None:
         majors = parse_proc_devices(text)
-    nodes = tuple(inspect_node(r, p) for p in node_paths(r, gpu_count))
+    nodes = tuple(inspect_node(r, p, open_nodes) for p in node_paths(r, gpu_count))
     return DeviceFacts(majors=majors, nodes=nodes)

@@ -8,13 +8,20 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ct200_tools.facts import PciFacts
+from ct200_tools.facts import BridgeFacts, PciFacts
 from ct200_tools.probes.base import Reader
 
 NVIDIA_VENDOR = "0x10de"
 PCI_CAP_ID_EXP = 0x10
 #: The standard header ends here; an unprivileged reader sees only this much.
 STD_HEADER = 0x40
+#: PCIe extended capabilities start here (config space beyond 256 bytes).
+EXT_START = 0x100
+PCI_EXT_CAP_ID_ACS = 0x000D
+#: ACS Control bits that send peer-to-peer requests and completions up to the root complex:
+#: P2P Request Redirect (2) and Completion Redirect (3).
+ACS_REDIRECT = 0x000C
+_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,34 @@ def parse_devctl(cfg: bytes) -> DevCtl | None:
     if mrrs_code > 5 or mps_code > 5:
         raise ValueError(f"reserved encoding in Device Control {devctl:#06x}")
     return DevCtl(max_read_request=128 << mrrs_code, max_payload=128 << mps_code)
+
+
+def find_ext_capability(cfg: bytes, cap_id: int) -> int | None:
+    """Offset of an extended capability (PCIe, from 0x100), or None if the device has none.
+    ConfigUnreadable when the extended space was not readable (only 256 bytes, or the header)."""
+    if len(cfg) <= EXT_START + 4:
+        raise ConfigUnreadable(
+            f"only {len(cfg)} bytes of config space: the extended capabilities need 4096"
+        )
+    ptr = EXT_START
+    seen: set[int] = set()
+    while ptr and ptr not in seen and ptr + 4 <= len(cfg):
+        seen.add(ptr)
+        header = int.from_bytes(cfg[ptr : ptr + 4], "little")
+        if header in (0, 0xFFFFFFFF):
+            return None
+        if header & 0xFFFF == cap_id:
+            return ptr
+        ptr = (header >> 20) & 0xFFC
+    return None
+
+
+def parse_acs_ctl(cfg: bytes) -> int | None:
+    """The ACS Control register (capability + 6), or None when the function has no ACS."""
+    cap = find_ext_capability(cfg, PCI_EXT_CAP_ID_ACS)
+    if cap is None or cap + 8 > len(cfg):
+        return None
+    return int.from_bytes(cfg[cap + 6 : cap + 8], "little")
 
 
 def parse_cpulist(text: str) -> tuple[int, ...]:
@@ -155,3 +190,42 @@ def probe_pci(r: Reader) -> tuple[PciFacts, ...] | None:
         if cls.startswith("0x03"):
             gpus.append(probe_function(r, bdf))
     return tuple(gpus)
+
+
+def upstream_bridges(r: Reader, bdf: str) -> list[str]:
+    """The bridges above a function, nearest first, from its sysfs path
+    (../../../devices/pci0000:00/0000:00:01.0/0000:01:00.0/<bdf>)."""
+    target = r.readlink(f"/sys/bus/pci/devices/{bdf}")
+    parts = [p for p in target.split("/") if _BDF.match(p)]
+    return [p for p in reversed(parts) if p != bdf]
+
+
+def probe_bridges(r: Reader, gpus: tuple[PciFacts, ...]) -> tuple[BridgeFacts, ...] | None:
+    """Every bridge above the GPUs with its ACS Control; None when no GPU's path could be
+    read (unknown, which is not "no bridge")."""
+    below: dict[str, list[str]] = {}
+    read_any = not gpus
+    for g in gpus:
+        try:
+            chain = upstream_bridges(r, g.bdf)
+        except OSError as exc:
+            r.note(f"pci.{g.bdf}.bridges", f"cannot read its sysfs path: {exc.strerror or exc}")
+            continue
+        read_any = True
+        for b in chain:
+            below.setdefault(b, []).append(g.bdf)
+    if not read_any:
+        return None
+    out = []
+    for b, under in sorted(below.items()):
+        has_acs: bool | None = None
+        ctl: int | None = None
+        try:
+            ctl = parse_acs_ctl(r.read_bytes(f"/sys/bus/pci/devices/{b}/config"))
+            has_acs = ctl is not None
+        except ConfigUnreadable as exc:
+            r.note(f"pci.{b}.acs", f"{exc}: reading it needs root on the host")
+        except OSError as exc:
+            r.note(f"pci.{b}.acs", f"cannot read its config space: {exc.strerror or exc}")
+        out.append(BridgeFacts(bdf=b, gpus=tuple(under), has_acs=has_acs, acs_ctl=ctl))
+    return tuple(out)

@@ -166,6 +166,20 @@ def test_ansible_benchmark(testbed_requirements: None) -> None:
 
 
 @pytest.mark.testbed
+def test_hostdoctor_benchmark(testbed_requirements: None) -> None:
+    """benchmarks/hostdoctor: one round, on a test slot of its own (booted and taken down by the
+    benchmark); tests/testbed/test_host_doctor.py runs it on its converged host too."""
+    proc = run([sys.executable, "-m", "benchmarks.hostdoctor.bench", "--reps", "1", "--json"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    figures = json.loads(proc.stdout[proc.stdout.rfind("\n{\n") + 1 :])
+    assert figures["reps"] == 1
+    for key in ("doctor_host_s", "ssh_true_s", "doctor_local_s", "ratio_host_to_ssh_plus_local"):
+        assert figures[key] > 0, figures
+    # The host was read (the doctor did not stop at the connection): exit 0-2, not bad input.
+    assert figures["doctor_host_rc"] in (0, 1, 2), figures
+
+
+@pytest.mark.testbed
 def test_servers_benchmark(testbed_requirements: None, tmp_path: Path) -> None:
     """benchmarks/servers: one round of each measure, on a test slot of its own."""
     proc = run(

@@ -23,6 +23,7 @@ from ct200_tools.facts import CudaFacts, DevNode, Facts, loads
 from ct200_tools.probes.cuda import summarise
 from ct200_tools.report import Exit, Header, exit_code, render_text, root_causes
 from ct200_tools.spec import SiteSpec, load_spec
+from tests.unit import host_helpers as hh
 from tests.unit import server_facts as sf
 
 ROOT = Path(__file__).parents[2]
@@ -363,6 +364,76 @@ PER_GPU_CASES |= {
     ),
 }
 CASES |= PER_GPU_CASES
+
+
+# -- the host's side (check --host): the container's failures point at what the host shows ----
+H200_HOST = hh.HostCase(gpus=("0000:00:06.0",), uvm=238, acs="none", conf_text=hh.DEVN)
+
+
+def _then_host(
+    edit: Callable[[Facts], Facts], case: hh.HostCase, name: str = "h200"
+) -> Callable[[Facts], Facts]:
+    return lambda f: hh.with_host(edit(f), case, spec(name))
+
+
+#: DERIVED: the devN config without its /dev/nvidia-uvm entry.
+DEVN_NO_UVM = "".join(
+    line for line in hh.DEVN.splitlines(keepends=True) if "/dev/nvidia-uvm," not in line
+)
+
+HOST_CASES = {
+    # The incident, with the host read: the stale allow rule is the root, not dev.open.
+    "derived-host-incident": Case(
+        "ct200-ct-incident",
+        "ct200",
+        ("lxc.majors", "models.staged"),
+        {"dev.open": "lxc.majors", "gpu.cuda_init": "lxc.majors"},
+        hh.on(),
+    ),
+    "derived-host-uvm-unloaded": Case(
+        "h200-healthy",
+        "h200",
+        ("host.nodes",),
+        {"dev.majors": "host.nodes", "dev.nodes": "host.nodes", "gpu.cuda_init": "host.nodes"},
+        _then_host(uvm_unloaded, dataclasses.replace(H200_HOST, uvm=None)),
+    ),
+    "derived-host-module-unloaded": Case(
+        "h200-healthy",
+        "h200",
+        ("host.nodes",),
+        {"driver.module": "host.nodes", "driver.nvml": "host.nodes", "gpu.cuda_init": "host.nodes"},
+        _then_host(module_unloaded, dataclasses.replace(H200_HOST, nvidia=False, module=None)),
+    ),
+    "derived-host-uvm-node-missing": Case(
+        "h200-healthy",
+        "h200",
+        ("host.nodes",),
+        {"dev.nodes": "host.nodes", "gpu.cuda_init": "host.nodes"},
+        _then_host(uvm_node_missing, dataclasses.replace(H200_HOST, missing=("/dev/nvidia-uvm",))),
+    ),
+    "derived-uvm-not-passed": Case(
+        "h200-healthy",
+        "h200",
+        ("lxc.nodes",),
+        {"dev.nodes": "lxc.nodes", "gpu.cuda_init": "lxc.nodes"},
+        _then_host(uvm_node_missing, dataclasses.replace(H200_HOST, conf_text=DEVN_NO_UVM)),
+    ),
+    "derived-host-versions-differ": Case(
+        "h200-healthy",
+        "h200",
+        ("host.driver",),
+        {"driver.versions": "host.driver", "gpu.cuda_init": "host.driver"},
+        _then_host(versions_differ, H200_HOST),
+    ),
+    "derived-host-drift": Case(
+        "ct200-host-drift",
+        "ct200",
+        ("host.numa_balancing", "host.pcie_mrrs"),
+        {"tune.pcie_mrrs": "host.pcie_mrrs", "tune.numa_balancing": "host.numa_balancing"},
+        hh.on(hh.HostCase(conf_text=hh.DEVN, mrrs_code=2, numa_balancing=1)),
+    ),
+}
+CASES |= HOST_CASES
 
 
 @pytest.mark.parametrize("name", CASES)

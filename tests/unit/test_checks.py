@@ -30,6 +30,7 @@ from ct200_tools.facts import Facts, RemappedRows, StagedTreeFacts, loads
 from ct200_tools.report import Exit, exit_code, root_causes
 from ct200_tools.spec import SiteSpec, load_spec
 from tests.fixtures import derive_ct200
+from tests.unit import host_helpers as hh
 from tests.unit import server_facts as sf
 
 FIX = Path(__file__).parents[1] / "fixtures"
@@ -329,7 +330,9 @@ def test_selecting_nothing_is_an_error() -> None:
     with pytest.raises(SelectionError, match="--only gpu --skip gpu selects no check"):
         select(["gpu"], ["gpu"])
     with pytest.raises(SelectionError):
-        select(skip=["driver", "dev", "gpu", "topo", "tune", "host", "mem", "models", "server"])
+        select(
+            skip=["driver", "dev", "gpu", "topo", "tune", "host", "lxc", "mem", "models", "server"]
+        )
 
 
 def test_nothing_judged_is_not_clean() -> None:
@@ -356,7 +359,7 @@ def test_ids_unique_well_formed_and_documented() -> None:
         prefix = c.id.split(".")[0]
         assert c.module == f"ct200_tools.checks.{prefix}", (c.id, c.module)
         assert c.needs and set(c.needs) <= FACT_SECTIONS, (c.id, c.needs)
-    assert len(CHECKS) == 30  # a new check needs its doc entry and this count bumped
+    assert len(CHECKS) == 37  # a new check needs its doc entry and this count bumped
     assert docs == render(), "docs/checks.md is stale: run make docs"
     units = {
         obj.id
@@ -382,6 +385,7 @@ FACT_SECTIONS = {
     "models",
     "serving",
     "servers",
+    "host",
 }
 
 
@@ -549,6 +553,51 @@ EXAMPLES: dict[str, tuple[Example, ...]] = {
     "host.iommu": (
         Example("h200-healthy", None, "pass"),
         Example("ct200-host-drift", "ct200", "warn"),
+        Example("ct200-host-drift", "ct200", "pass", hh.on()),
+    ),
+    "host.nodes": (
+        Example("ct200-ct-healthy", "ct200", "pass", hh.on()),
+        Example("ct200-ct-healthy", "ct200", "fail", hh.on(hh.HostCase(uvm=None))),
+        Example("ct200-ct-healthy", "ct200", "fail", hh.on(hh.HostCase(nvidia=False, module=None))),
+        Example("ct200-ct-healthy", "ct200", "fail", hh.on(hh.HostCase(missing=("/dev/nvidia3",)))),
+        Example(
+            "ct200-ct-healthy",
+            "ct200",
+            "fail",
+            hh.on(hh.HostCase(gpus=(), nvidia=False, module=None)),
+        ),
+    ),
+    "lxc.nodes": (
+        Example("ct200-ct-healthy", "ct200", "pass", hh.on()),
+        Example("ct200-ct-healthy", "ct200", "fail", hh.on(hh.HostCase(conf="fresh-pve8.conf"))),
+        Example("ct200-ct-healthy", "ct200", "fail", hh.on(hh.HostCase(conf=None))),
+    ),
+    "lxc.majors": (
+        Example("ct200-ct-healthy", "ct200", "fail", hh.on()),
+        Example(
+            "ct200-ct-healthy", "ct200", "pass", hh.on(hh.HostCase(conf_text=hh.INCIDENT_FIXED))
+        ),
+        Example("ct200-ct-healthy", "ct200", "pass", hh.on(hh.HostCase(conf_text=hh.DEVN))),
+        Example("ct200-ct-healthy", "ct200", "warn", hh.on(hh.HostCase(conf_text=hh.DEVN_STALE))),
+    ),
+    "host.driver": (
+        Example("ct200-ct-healthy", "ct200", "pass", hh.on()),
+        Example("ct200-ct-healthy", "ct200", "fail", hh.on(hh.HostCase(module="590.44.01"))),
+        Example("ct200-ct-healthy", "ct200", "fail", hh.userspace("575.64.05", hh.HostCase())),
+    ),
+    "host.pcie_mrrs": (
+        Example("ct200-ct-healthy", "ct200", "pass", hh.on()),
+        Example("ct200-ct-healthy", "ct200", "fail", hh.on(hh.HostCase(mrrs_code=2))),
+    ),
+    "host.numa_balancing": (
+        Example("ct200-ct-healthy", "ct200", "pass", hh.on()),
+        Example("ct200-ct-healthy", "ct200", "fail", hh.on(hh.HostCase(numa_balancing=1))),
+    ),
+    "host.acs": (
+        Example("ct200-ct-healthy", "ct200", "pass", hh.on()),
+        Example("ct200-ct-healthy", "ct200", "pass", hh.on(hh.HostCase(acs="none"))),
+        Example("ct200-ct-healthy", "ct200", "pass", hh.on(hh.HostCase(acs=None))),
+        Example("ct200-ct-healthy", "ct200", "warn", hh.on(hh.HostCase(acs=hh.ACS_LINUX_DEFAULT))),
     ),
     "mem.shm": (
         Example("ct200-ct-healthy", "ct200", "pass"),

@@ -555,7 +555,7 @@ def test_no_spec_is_said_once() -> None:
     r = doctor("check", "--facts", str(FIX / "nodriver-vm.json"))
     assert r.stdout.count("pass --spec FILE") == 1, r.stdout
     assert r.stdout.splitlines()[1] == (
-        "no site spec, so 19 checks that need one are skipped: pass --spec FILE or an inventory "
+        "no site spec, so 23 checks that need one are skipped: pass --spec FILE or an inventory "
         "dir, or install /etc/ct200/site.yml (playbooks/site.yml does)"
     )
     assert "[-] gpu.count            needs the site spec" in r.stdout
