@@ -14,7 +14,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from ct200_tools.checks.base import STATUSES, plural
@@ -27,7 +27,7 @@ FLEET_SCHEMA_VERSION = 1
 STDERR_LINES = 5
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     """A host's row, worst first: the table lists rows in this order."""
 
     BROKE = "broke"
@@ -153,11 +153,11 @@ def judge(host: str, result: Mapping[str, Any] | None, expected: bool, fix: str)
         )
     rc, stderr = result.get("exit_code"), _tail(result.get("stderr"))
     if result.get("timed_out"):
-        took = result.get("duration_s")
-        return HostResult(host, Status.BROKE, f"the doctor timed out after {took} s", rc, None, stderr)
+        took = f"the doctor timed out after {result.get('duration_s')} s"
+        return HostResult(host, Status.BROKE, took, rc, None, stderr)
     try:
         report: object = json.loads(str(result.get("stdout") or ""))
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         why = f"its output is not JSON ({exc.msg})"
         return HostResult(host, Status.BROKE, f"exit {rc}: {why}", rc, None, stderr)
     problem = _report_problem(report)
@@ -290,8 +290,9 @@ def from_document(doc: object) -> list[HostResult]:
             raise FleetFormatError(f"hosts[{i}]: {exc!r} is missing or wrong") from None
         if report is not None and (_report_problem(report) is not None):
             raise FleetFormatError(f"hosts[{i}].report: {_report_problem(report)}")
+        stderr = _tail("\n".join(h.get("stderr") or ()))
         if report is not None and status in (Status.FAIL, Status.WARN, Status.OK):
-            out.append(_from_report(host, rc, report, _tail("\n".join(h.get("stderr") or ()))))
+            out.append(_from_report(host, rc, report, stderr))
         else:
-            out.append(HostResult(host, status, detail, rc, report, _tail("\n".join(h.get("stderr") or ()))))
+            out.append(HostResult(host, status, detail, rc, report, stderr))
     return out

@@ -24,11 +24,11 @@ def ct200_fleet(
     records = []
     for host in hosts:
         hv = hostvars[host]
-        expected = hv["ct200_doctor_expected"] if "ct200_doctor_expected" in hv else None
+        expected = hv.get("ct200_doctor_expected")
         records.append(
             {
                 "host": host,
-                "result": hv[register] if register in hv else None,
+                "result": hv.get(register),
                 "expected": host in grouped if expected is None else bool(expected),
             }
         )
@@ -39,7 +39,6 @@ def ct200_fleet(
         "failing": [r.host for r in results if r.status in FAILING],
         "document": to_document(results),
     }
-
 
 
 class FilterModule:

@@ -140,7 +140,8 @@ def main() -> None:
         module.exit_json(**out, **{**empty, "timed_out": True, "duration_s": took})
     except OSError as exc:
         took = round(time.monotonic() - started, 3)
-        module.exit_json(**out, **{**empty, "stderr": f"cannot run {path}: {exc}", "duration_s": took})
+        why = f"cannot run {path}: {exc}"
+        module.exit_json(**out, **{**empty, "stderr": why, "duration_s": took})
     module.exit_json(
         **out,
         exit_code=proc.returncode,
