@@ -21,7 +21,8 @@ description:
   - Looks for the doctor (I(command) on the PATH, else in C(/usr/local/bin) and the tools'
     venv C(/opt/ct200/venv/bin), where the ct200_tools role installs it) and runs
     C(ct200-doctor check --json) with the given arguments, as an argv (no shell).
-  - Never fails because of what the doctor found, nor because it is missing or timed out: the
+  - >-
+    Never fails because of what the doctor found, nor because it is missing or timed out; the
     result says so (I(installed), I(rc), I(timed_out)), and playbooks/doctor.yml judges every
     host's result together on the controller (ct200_tools/fleet.py).
   - Read-only (the doctor only reads), so it runs in check mode too.
@@ -75,8 +76,9 @@ argv:
   type: list
   elements: str
 exit_code:
-  description: Its exit code (0 ok, 1 warnings, 2 failures or bad input, 3 broke); null when it
-    did not run or timed out. Not named C(rc), which Ansible would take for a failed task.
+  description: >-
+    Its exit code (0 ok, 1 warnings, 2 failures or bad input, 3 broke); null when it did not run
+    or timed out. Not named C(rc), which Ansible would take for a failed task.
   returned: always
   type: int
 stdout:
