@@ -108,12 +108,49 @@ def stats(runs: list[tuple[float, float, int]]) -> dict[str, Any]:
     }
 
 
+def measure(
+    hosts: int, reps: int, forks: list[int]
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Any]]:
+    """Doctor alone per snapshot, then the plays; and the last fleet run's saved document."""
+    playbook = [str(VENV_BIN / "ansible-playbook")]
+    with tempfile.TemporaryDirectory(prefix="ct200-bench-fleet-") as tmp:
+        inv = Path(tmp) / "hosts.yml"
+        names = inventory(inv, hosts)
+        saved = Path(tmp) / "fleet.json"
+        common = ["-i", str(inv), "-e", "ct200_doctor_hosts=ct"]
+        doctor_yml = [*playbook, *common, "playbooks/doctor.yml"]
+        noop_yml = [*playbook, *common, "benchmarks/fleet/noop.yml"]
+        alone = {}
+        for snap in sorted({SNAPSHOTS[i % len(SNAPSHOTS)] for i in range(hosts)}):
+            argv = [str(VENV_BIN / "ct200-doctor"), "check", "--json", "--facts", str(FACTS / snap)]
+            argv += ["--spec", str(SPEC)]
+            alone[snap] = stats([timed(argv, (0, 1, 2)) for _ in range(reps)])
+        rows: dict[str, dict[str, Any]] = {}
+        one = [*doctor_yml, "--limit", names[0]]
+        rows["one host"] = stats([timed(one, (0, 2)) for _ in range(reps)])
+        for f in forks:
+            for strategy in ("linear", "free"):
+                extra = ["-f", str(f), "-e", f"ct200_doctor_strategy={strategy}"]
+                rows[f"no-op floor, forks {f}, {strategy}"] = stats(
+                    [timed([*noop_yml, *extra], (0,)) for _ in range(reps)]
+                )
+                # A fleet with failing hosts: doctor.yml exits 2 by design.
+                fleet = [*doctor_yml, *extra, "-e", f"ct200_doctor_fleet_file={saved}"]
+                rows[f"fleet, forks {f}, {strategy}"] = stats(
+                    [timed(fleet, (2,)) for _ in range(reps)]
+                )
+        doc: dict[str, Any] = json.loads(saved.read_text())
+    if len(doc["hosts"]) != hosts or any(h["status"] == "broke" for h in doc["hosts"]):
+        sys.exit(f"bench: the fleet table is not complete or a doctor broke: {doc['summary']}")
+    return alone, rows, doc
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=50, help="inventory hosts (default 50)")
     parser.add_argument("--reps", type=int, default=3, help="runs of each (default 3)")
     parser.add_argument("--forks", default="10,50", help="forks values to try (default 10,50)")
-    parser.add_argument("--out", type=Path, default=REPO / ".bench/fleet", help="report dir")
+    parser.add_argument("--out", type=Path, help="also write fleet.json and fleet.txt here")
     args = parser.parse_args()
     if args.hosts < 1 or args.reps < 1:
         parser.error("--hosts and --reps must be at least 1")
@@ -121,40 +158,9 @@ def main() -> int:
         forks = [int(f) for f in args.forks.split(",") if f.strip()]
     except ValueError:
         parser.error(f"--forks {args.forks!r}: give numbers separated by commas, e.g. 10,50")
-    args.out.mkdir(parents=True, exist_ok=True)
-    playbook = [str(VENV_BIN / "ansible-playbook")]
-    with tempfile.TemporaryDirectory(prefix="ct200-bench-fleet-") as tmp:
-        inv = Path(tmp) / "hosts.yml"
-        names = inventory(inv, args.hosts)
-        saved = Path(tmp) / "fleet.json"
-        # A fleet with failing hosts: doctor.yml exits 2 by design.
-        doctor_yml = [*playbook, "-i", str(inv), "playbooks/doctor.yml", "-e", "ct200_doctor_hosts=ct"]
-        noop_yml = [*playbook, "-i", str(inv), "benchmarks/fleet/noop.yml", "-e", "ct200_doctor_hosts=ct"]
-        rows: dict[str, dict[str, Any]] = {}
-        alone = {}
-        for snap in sorted({SNAPSHOTS[i % len(SNAPSHOTS)] for i in range(args.hosts)}):
-            argv = [str(VENV_BIN / "ct200-doctor"), "check", "--json", "--facts", str(FACTS / snap)]
-            argv += ["--spec", str(SPEC)]
-            alone[snap] = stats([timed(argv, (0, 1, 2)) for _ in range(args.reps)])
-        slowest = max(a["median_s"] for a in alone.values())
-        doctor_cpu = sum(
-            alone[SNAPSHOTS[i % len(SNAPSHOTS)]]["cpu_s"] for i in range(args.hosts)
-        )
-        one = [*doctor_yml, "--limit", names[0]]
-        rows["one host"] = stats([timed(one, (0, 2)) for _ in range(args.reps)])
-        for f in forks:
-            for strategy in ("linear", "free"):
-                extra = ["-f", str(f), "-e", f"ct200_doctor_strategy={strategy}"]
-                rows[f"no-op floor, forks {f}, {strategy}"] = stats(
-                    [timed([*noop_yml, *extra], (0,)) for _ in range(args.reps)]
-                )
-                fleet = [*doctor_yml, *extra, "-e", f"ct200_doctor_fleet_file={saved}"]
-                rows[f"fleet, forks {f}, {strategy}"] = stats(
-                    [timed(fleet, (2,)) for _ in range(args.reps)]
-                )
-        doc = json.loads(saved.read_text())
-        if len(doc["hosts"]) != args.hosts or any(h["status"] == "broke" for h in doc["hosts"]):
-            sys.exit(f"bench: the fleet table is not complete or a doctor broke: {doc['summary']}")
+    alone, rows, doc = measure(args.hosts, args.reps, forks)
+    slowest = max(a["median_s"] for a in alone.values())
+    doctor_cpu = sum(alone[SNAPSHOTS[i % len(SNAPSHOTS)]]["cpu_s"] for i in range(args.hosts))
     cpus = os.cpu_count() or 1
     for name, row in rows.items():
         if name.startswith("fleet"):
@@ -178,7 +184,9 @@ def main() -> int:
         "best_fleet_vs_floor_plus_slowest": best["vs_floor_plus_slowest"],
         "fleet_summary": doc["summary"],
     }
-    (args.out / "fleet.json").write_text(json.dumps(report, indent=2) + "\n")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "fleet.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [
         f"fleet doctor benchmark: {args.hosts} inventory hosts (local connections), "
         f"{cpus} CPUs, medians of {args.reps}",
@@ -196,7 +204,8 @@ def main() -> int:
     lines.append(f"hosts judged: {doc['summary']}")
     lines.append(f"reproduce: .venv/bin/python -m benchmarks.fleet.bench --hosts {args.hosts}")
     text = "\n".join(lines) + "\n"
-    (args.out / "fleet.txt").write_text(text)
+    if args.out is not None:
+        (args.out / "fleet.txt").write_text(text)
     print(text, end="")
     return 0
 
