@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from ct200_tools.checks import SelectionError, select
 from ct200_tools.checks.base import STATUSES, plural
 from ct200_tools.exitcodes import Exit
 from ct200_tools.report import REPORT_SCHEMA_VERSION
@@ -72,6 +73,24 @@ class HostResult:
     stderr: tuple[str, ...] = ()
     roots: tuple[Root, ...] = field(default=())
     warnings: tuple[str, ...] = ()
+
+
+def only_ids(value: object) -> list[str]:
+    """ct200_doctor_only ("mem,models" or a list) as --only values, checked against the
+    registry before any host is asked: a typo is one message, not a broken row per host."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        raise SelectionError(
+            f"ct200_doctor_only: {value!r} is not a list of check ids; give ids or prefixes "
+            "separated by commas, e.g. -e ct200_doctor_only=mem,models"
+        )
+    ids = [i.strip() for i in items if i.strip()]
+    if ids:
+        try:
+            select(ids)
+        except SelectionError as exc:
+            raise SelectionError(f"ct200_doctor_only: {exc}") from None
+    return ids
 
 
 def _report_problem(doc: object) -> str | None:

@@ -1,5 +1,6 @@
-"""ct200_fleet: every host's ct200_doctor_run result -> the fleet table, exit code and document,
-by ct200_tools.fleet (the same code as `ct200-doctor fleet FILE`). Used by playbooks/doctor.yml.
+"""Filters of playbooks/doctor.yml, by ct200_tools.fleet (the same code as `ct200-doctor fleet`):
+ct200_doctor_only, the --only list checked before any doctor runs; ct200_fleet, every host's
+ct200_doctor_run result -> the fleet table, exit code and document.
 """
 
 from __future__ import annotations
@@ -7,7 +8,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ct200_tools.fleet import FAILING, exit_code, gather, render_table, to_document
+from ansible.errors import AnsibleFilterError
+
+from ct200_tools.checks import SelectionError
+from ct200_tools.fleet import FAILING, exit_code, gather, only_ids, render_table, to_document
+
+
+def ct200_doctor_only(value: object) -> list[str]:
+    """ct200_doctor_only as the --only list, or a clear error before any doctor runs."""
+    try:
+        return only_ids(value)
+    except SelectionError as exc:
+        raise AnsibleFilterError(str(exc)) from None
 
 
 def ct200_fleet(
@@ -43,4 +55,4 @@ def ct200_fleet(
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"ct200_fleet": ct200_fleet}
+        return {"ct200_fleet": ct200_fleet, "ct200_doctor_only": ct200_doctor_only}

@@ -314,3 +314,33 @@ def test_doctor_yml_over_local_connections(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert "fleet: ok" in r.stdout
     assert {h["host"] for h in json.loads(saved.read_text())["hosts"]} == {"ok1", "pve1"}
+
+
+def test_ansible_doc_finds_the_module_by_its_short_name() -> None:
+    env = ansible_env()
+    env.pop("ANSIBLE_CONFIG")
+    r = subprocess.run(
+        [str(VENV_BIN / "ansible-doc"), "-t", "module", "--json", "ct200_doctor_run"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)["ct200_doctor_run"]
+    assert set(doc["doc"]["options"]) == {"command", "only", "args", "timeout"}
+    assert {"installed", "exit_code", "stdout", "timed_out"} <= set(doc["return"])
+
+
+def test_ct200_doctor_only_is_checked_before_any_doctor_runs() -> None:
+    from ct200_tools.checks import SelectionError  # noqa: PLC0415
+    from ct200_tools.fleet import only_ids  # noqa: PLC0415
+
+    assert only_ids("") == [] and only_ids(" mem , models.staged,") == ["mem", "models.staged"]
+    assert only_ids(["dev", "gpu.cuda_init"]) == ["dev", "gpu.cuda_init"]
+    with pytest.raises(SelectionError, match="ct200_doctor_only: unknown check 'staged'"):
+        only_ids("mem,staged")
+    with pytest.raises(SelectionError, match="ct200_doctor_only: 3 is not a list"):
+        only_ids(3)
