@@ -11,9 +11,13 @@ wall-clock of the whole ansible-playbook process, medians of --reps, side by sid
   one host         doctor.yml limited to one host
   no-op floor      benchmarks/fleet/noop.yml: one ping task on the same hosts (no facts)
   fleet            doctor.yml on every host, per forks value and strategy (linear, free)
+  stand-in         doctor.yml on every host with a stand-in doctor that sleeps --standin-seconds
+                   and prints a report the real doctor wrote: a remote host's doctor, whose time
+                   is spent on its own machine (the largest forks value)
 The goal: fleet <= about no-op floor + the slowest host. Every host here shares this machine's
 CPUs, so the doctors' CPU time also counts (doctor CPU / CPUs is reported beside it): on a real
-fleet each host's doctor runs on its own machine. No root, no testbed.
+fleet each host's doctor runs on its own machine, which the stand-in rows show. No root, no
+testbed.
 """
 
 from __future__ import annotations
@@ -108,8 +112,26 @@ def stats(runs: list[tuple[float, float, int]]) -> dict[str, Any]:
     }
 
 
+def standin(tmp: Path, seconds: float) -> Path:
+    """A stand-in doctor: sleeps, then prints a report the real doctor wrote (recorded now) and
+    exits with its code: a remote host's doctor as the controller sees it, its time spent on
+    its own machine and none of this one's CPU."""
+    argv = [str(VENV_BIN / "ct200-doctor"), "check", "--json", "--facts"]
+    argv += [str(FACTS / SNAPSHOTS[1]), "--spec", str(SPEC)]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    report = tmp / "recorded.json"
+    report.write_text(proc.stdout)
+    script = tmp / "standin-doctor"
+    script.write_text(
+        f"#!/bin/sh\n# stand-in doctor (benchmarks/fleet)\nsleep {seconds}\n"
+        f"cat {report}\nexit {proc.returncode}\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
 def measure(
-    hosts: int, reps: int, forks: list[int]
+    hosts: int, reps: int, forks: list[int], sleep_s: float
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Any]]:
     """Doctor alone per snapshot, then the plays; and the last fleet run's saved document."""
     playbook = [str(VENV_BIN / "ansible-playbook")]
@@ -140,6 +162,14 @@ def measure(
                     [timed(fleet, (2,)) for _ in range(reps)]
                 )
         doc: dict[str, Any] = json.loads(saved.read_text())
+        # Every host as slow as a remote doctor of sleep_s, costing this machine no CPU.
+        script = standin(Path(tmp), sleep_s)
+        for strategy in ("linear", "free"):
+            extra = ["-f", str(max(forks)), "-e", f"ct200_doctor_strategy={strategy}"]
+            extra += ["-e", f"ct200_doctor_command={script}"]
+            rows[f"stand-in {sleep_s:g} s, forks {max(forks)}, {strategy}"] = stats(
+                [timed([*doctor_yml, *extra], (2,)) for _ in range(reps)]
+            )
     if len(doc["hosts"]) != hosts or any(h["status"] == "broke" for h in doc["hosts"]):
         sys.exit(f"bench: the fleet table is not complete or a doctor broke: {doc['summary']}")
     return alone, rows, doc
@@ -151,6 +181,12 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3, help="runs of each (default 3)")
     parser.add_argument("--forks", default="10,50", help="forks values to try (default 10,50)")
     parser.add_argument("--out", type=Path, help="also write fleet.json and fleet.txt here")
+    parser.add_argument(
+        "--standin-seconds",
+        type=float,
+        default=2.0,
+        help="how long the stand-in doctor takes on every host (default 2)",
+    )
     args = parser.parse_args()
     if args.hosts < 1 or args.reps < 1:
         parser.error("--hosts and --reps must be at least 1")
@@ -158,7 +194,9 @@ def main() -> int:
         forks = [int(f) for f in args.forks.split(",") if f.strip()]
     except ValueError:
         parser.error(f"--forks {args.forks!r}: give numbers separated by commas, e.g. 10,50")
-    alone, rows, doc = measure(args.hosts, args.reps, forks)
+    if not forks or min(forks) < 1 or args.standin_seconds < 0:
+        parser.error("--forks must be at least 1 and --standin-seconds not negative")
+    alone, rows, doc = measure(args.hosts, args.reps, forks, args.standin_seconds)
     slowest = max(a["median_s"] for a in alone.values())
     doctor_cpu = sum(alone[SNAPSHOTS[i % len(SNAPSHOTS)]]["cpu_s"] for i in range(args.hosts))
     cpus = os.cpu_count() or 1
@@ -170,6 +208,12 @@ def main() -> int:
                 row["median_s"] / (floor + doctor_cpu / cpus), 2
             )
             row["vs_one_host"] = round(row["median_s"] / rows["one host"]["median_s"], 2)
+        elif name.startswith("stand-in"):
+            # The goal as on a real fleet: the floor plus the slowest host (every host here).
+            strategy = name.rsplit(", ", 1)[1]
+            floor = rows[f"no-op floor, forks {max(forks)}, {strategy}"]["median_s"]
+            goal = floor + args.standin_seconds
+            row["vs_floor_plus_slowest"] = round(row["median_s"] / goal, 2)
     best = min((r for n, r in rows.items() if n.startswith("fleet")), key=lambda r: r["median_s"])
     report = {
         "schema_version": SCHEMA_VERSION,
@@ -182,6 +226,7 @@ def main() -> int:
         "doctor_cpu_total_s": round(doctor_cpu, 2),
         "rows": rows,
         "best_fleet_vs_floor_plus_slowest": best["vs_floor_plus_slowest"],
+        "standin_seconds": args.standin_seconds,
         "fleet_summary": doc["summary"],
     }
     if args.out is not None:
@@ -192,15 +237,13 @@ def main() -> int:
         f"{cpus} CPUs, medians of {args.reps}",
         f"doctor alone, slowest snapshot: {slowest:.2f} s; doctor CPU over all hosts "
         f"{doctor_cpu:.1f} s ({doctor_cpu / cpus:.1f} s per CPU)",
-        f"{'what':<28} {'wall s':>7} {'cpu s':>7}  vs floor+slowest  vs floor+cpu/CPUs",
+        f"{'what':<32} {'wall s':>7} {'cpu s':>7}  vs floor+slowest  vs floor+cpu/CPUs",
     ]
     for name, row in rows.items():
-        ratios = (
-            f"  {row['vs_floor_plus_slowest']:>16}  {row['vs_floor_plus_doctor_cpu_per_cpu']:>17}"
-            if "vs_floor_plus_slowest" in row
-            else ""
-        )
-        lines.append(f"{name:<28} {row['median_s']:>7.2f} {row['cpu_s']:>7.1f}{ratios}")
+        ratios = f"  {row['vs_floor_plus_slowest']:>16}" if "vs_floor_plus_slowest" in row else ""
+        if "vs_floor_plus_doctor_cpu_per_cpu" in row:
+            ratios += f"  {row['vs_floor_plus_doctor_cpu_per_cpu']:>17}"
+        lines.append(f"{name:<32} {row['median_s']:>7.2f} {row['cpu_s']:>7.1f}{ratios}")
     lines.append(f"hosts judged: {doc['summary']}")
     lines.append(f"reproduce: .venv/bin/python -m benchmarks.fleet.bench --hosts {args.hosts}")
     text = "\n".join(lines) + "\n"

@@ -225,7 +225,7 @@ def test_doctor_phases(mode: str) -> None:
 
 def test_fleet_benchmark(tmp_path: Path) -> None:
     """benchmarks/fleet/bench.py: doctor.yml on 3 local inventory hosts against the no-op floor
-    and one host alone, one run each, one forks value."""
+    and one host alone, and with the stand-in doctor; one run each, one forks value."""
     proc = run(
         [
             sys.executable,
@@ -237,6 +237,8 @@ def test_fleet_benchmark(tmp_path: Path) -> None:
             "1",
             "--forks",
             "3",
+            "--standin-seconds",
+            "0.1",
             "--out",
             str(tmp_path),
         ]
@@ -252,9 +254,12 @@ def test_fleet_benchmark(tmp_path: Path) -> None:
         "fleet, forks 3, linear",
         "no-op floor, forks 3, free",
         "fleet, forks 3, free",
+        "stand-in 0.1 s, forks 3, linear",
+        "stand-in 0.1 s, forks 3, free",
     }
     assert all(r["median_s"] > 0 and len(r["runs_s"]) == 1 for r in rows.values())
     assert rows["fleet, forks 3, linear"]["vs_floor_plus_slowest"] > 0
+    assert rows["stand-in 0.1 s, forks 3, free"]["vs_floor_plus_slowest"] > 0
     # Three hosts judged: the healthy snapshot ok, the incident ones failing, none broken.
     assert report["fleet_summary"]["ok"] == 1 and report["fleet_summary"]["fail"] == 2
     assert report["fleet_summary"]["broke"] == 0

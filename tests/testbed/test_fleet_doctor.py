@@ -23,6 +23,7 @@ import pytest
 import yaml
 from tbharness import REPO, AnsibleRun, Bed
 
+from ct200_tools.fleet import from_document, render_table
 from testbed.config import MachineSpec, Settings
 from testbed.harness import Harness, claim_test_slot
 from testbed.machine import hostname
@@ -106,6 +107,9 @@ def fleet(testbed_requirements: None, tmp_path_factory: pytest.TempPathFactory) 
         proc = bed.ssh("ct2", "sh", "-c", fix)
         assert proc.returncode == 0, proc.stderr
         repaired, repaired_doc = _doctor(bed, saved, "-e", "ct200_doctor_only=mem")
+        # The three tables, for the log (-s, or pytest's report on a failure).
+        for doc in (broken_doc, full_doc, repaired_doc):
+            print(render_table(from_document(doc)))
         yield Fleet(bed, converge, broken, broken_doc, full, full_doc, fix, repaired, repaired_doc)
 
 
