@@ -3,7 +3,8 @@ over SSH as in production, after site.yml: one container broken on purpose (/dev
 smaller than the spec's shm.size) is named with its root cause and fix, the play fails, the
 healthy container is ok; the printed fix, pasted, makes the fleet pass. An inventory host with
 no machine behind it is listed as unreachable, and without --only the driverless containers
-show only the real root cause (no NVIDIA driver), their consequences counted.
+show only the real root cause (no NVIDIA driver), their consequences counted. A container whose
+doctor is gone is "missing", and the install command printed for it, pasted, brings it back.
 
 A testbed of its own (module scope, a free test slot): the session's has two machines. The PVE
 stand-in has no ct200-doctor (site.yml installs it in the containers): its row says so and
@@ -14,6 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shlex
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +25,7 @@ from typing import Any
 
 import pytest
 import yaml
-from tbharness import REPO, AnsibleRun, Bed
+from tbharness import REPO, VENV_BIN, AnsibleRun, Bed
 
 from ct200_tools.fleet import from_document, render_table
 from testbed.config import MachineSpec, Settings
@@ -49,6 +53,11 @@ class Fleet:
     fix: str
     repaired: AnsibleRun
     repaired_doc: dict[str, Any]
+    missing: AnsibleRun
+    missing_doc: dict[str, Any]
+    install: str
+    reinstalled: AnsibleRun
+    reinstalled_doc: dict[str, Any]
 
 
 def _rows(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -107,10 +116,42 @@ def fleet(testbed_requirements: None, tmp_path_factory: pytest.TempPathFactory) 
         proc = bed.ssh("ct2", "sh", "-c", fix)
         assert proc.returncode == 0, proc.stderr
         repaired, repaired_doc = _doctor(bed, saved, "-e", "ct200_doctor_only=mem")
-        # The three tables, for the log (-s, or pytest's report on a failure).
-        for doc in (broken_doc, full_doc, repaired_doc):
+        # The doctor gone from ct2 (a container the tools never reached); the fix the table
+        # prints for it, pasted as printed, from the repository root.
+        proc = bed.ssh("ct2", "rm", "-rf", "/usr/local/bin/ct200-doctor", "/opt/ct200/venv")
+        assert proc.returncode == 0, proc.stderr
+        missing, missing_doc = _doctor(bed, saved, "-e", "ct200_doctor_only=mem")
+        install = _rows(missing_doc)[CT2]["detail"].partition("fix: ")[2]
+        pasted = subprocess.run(
+            shlex.split(install),
+            cwd=REPO,
+            env={**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"},
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=540,
+        )
+        assert pasted.returncode == 0, pasted.stdout[-3000:] + pasted.stderr
+        reinstalled, reinstalled_doc = _doctor(bed, saved, "-e", "ct200_doctor_only=mem")
+        # The tables, for the log (-s, or pytest's report on a failure).
+        for doc in (broken_doc, full_doc, repaired_doc, missing_doc, reinstalled_doc):
             print(render_table(from_document(doc)))
-        yield Fleet(bed, converge, broken, broken_doc, full, full_doc, fix, repaired, repaired_doc)
+        yield Fleet(
+            bed,
+            converge,
+            broken,
+            broken_doc,
+            full,
+            full_doc,
+            fix,
+            repaired,
+            repaired_doc,
+            missing,
+            missing_doc,
+            install,
+            reinstalled,
+            reinstalled_doc,
+        )
 
 
 def test_the_broken_container_is_named_with_its_root_cause_and_the_play_fails(
@@ -186,3 +227,19 @@ def test_the_printed_fix_pasted_makes_the_fleet_pass(fleet: Fleet) -> None:
     # The saved reports: only for the one who ran the play.
     saved = fleet.bed.workdir / "fleet.json"
     assert saved.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_container_without_the_doctor_is_missing_and_its_printed_fix_installs_it(
+    fleet: Fleet,
+) -> None:
+    run, rows = fleet.missing, _rows(fleet.missing_doc)
+    assert run.rc != 0 and rows[CT2]["status"] == "missing", run.describe()
+    assert rows[CT]["status"] == "ok" and rows[PVE]["status"] == "no doctor"
+    assert fleet.install == (
+        f"ansible-playbook -i {fleet.bed.inventory} playbooks/container.yml --tags tools "
+        f"--limit {CT2},localhost"
+    )
+    assert fleet.install in run.output
+    again = _rows(fleet.reinstalled_doc)
+    assert fleet.reinstalled.rc == 0, fleet.reinstalled.describe()
+    assert {h: r["status"] for h, r in again.items()} == {PVE: "no doctor", CT: "ok", CT2: "ok"}
