@@ -53,6 +53,7 @@ Examples:
   ct200-doctor check --host pve            also the PVE host, over SSH (keys in known_hosts)
   ct200-doctor check --host local          on the PVE host itself: its checks, no SSH
   ct200-doctor gate qwen-tp4-ddtree        can it start? (its unit's ExecStartPre)
+  ct200-doctor fleet fleet.json            the table playbooks/doctor.yml saved, again
 
 \b
 Exit codes: 0 clean, 1 warnings (with --strict), 2 failures (a failed check, a check
@@ -453,6 +454,34 @@ def validate(spec_path: str | None) -> None:
         f"{plural(len(spec.models), 'model')}, {plural(len(spec.servers), 'server')}, "
         f"{len(spec.enabled_servers)} enabled)"
     )
+
+
+@cli.command(cls=OnceCommand)
+@click.argument("path", metavar="FILE", type=click.Path(dir_okay=False, path_type=Path))
+def fleet(path: Path) -> None:
+    """Show the fleet table again from the FILE playbooks/doctor.yml saved
+    (-e ct200_doctor_fleet_file=FILE); exit as that run: 0 ok, 2 a host failed, was
+    unreachable or lacks the doctor, 3 a host's doctor broke."""
+    import json  # noqa: PLC0415
+
+    from ct200_tools.fleet import (  # noqa: PLC0415
+        FleetFormatError,
+        exit_code,
+        from_document,
+        render_table,
+    )
+
+    try:
+        results = from_document(json.loads(path.read_text(encoding="utf-8")))
+    except OSError as exc:
+        raise DoctorError(f"cannot read fleet file {path}: {exc.strerror or exc}") from None
+    except (ValueError, FleetFormatError) as exc:
+        raise DoctorError(
+            f"fleet file {path}: {exc}; give the file doctor.yml wrote with "
+            "-e ct200_doctor_fleet_file=FILE"
+        ) from None
+    _emit(render_table(results))
+    _exit(exit_code(results))
 
 
 @cli.command("list-checks")

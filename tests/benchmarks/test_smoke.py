@@ -235,3 +235,47 @@ def test_doctor_phases(mode: str) -> None:
     order = ["prestarted", "imported", "spec", "probed", "judged", "rendered"]
     assert [ends[p] for p in order] == sorted(ends[p] for p in order)
     assert ends["process"] >= ends["rendered"]
+
+
+def test_fleet_benchmark(tmp_path: Path) -> None:
+    """benchmarks/fleet/bench.py: doctor.yml on 3 local inventory hosts against the no-op floor
+    and one host alone, and with the stand-in doctor; one run each, one forks value."""
+    proc = run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.fleet.bench",
+            "--hosts",
+            "3",
+            "--reps",
+            "1",
+            "--forks",
+            "3",
+            "--standin-seconds",
+            "0.1",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "fleet.json").read_text())
+    assert report["schema_version"] == 1 and report["hosts"] == 3 and report["forks"] == [3]
+    assert report["cpus"] >= 1 and report["slowest_host_s"] > 0
+    rows = report["rows"]
+    assert set(rows) == {
+        "one host",
+        "no-op floor, forks 3, linear",
+        "fleet, forks 3, linear",
+        "no-op floor, forks 3, free",
+        "fleet, forks 3, free",
+        "stand-in 0.1 s, forks 3, linear",
+        "stand-in 0.1 s, forks 3, free",
+    }
+    assert all(r["median_s"] > 0 and len(r["runs_s"]) == 1 for r in rows.values())
+    assert rows["fleet, forks 3, linear"]["vs_floor_plus_slowest"] > 0
+    assert rows["stand-in 0.1 s, forks 3, free"]["vs_floor_plus_slowest"] > 0
+    # Three hosts judged: the healthy snapshot ok, the incident ones failing, none broken.
+    assert report["fleet_summary"]["ok"] == 1 and report["fleet_summary"]["fail"] == 2
+    assert report["fleet_summary"]["broke"] == 0
+    text = (tmp_path / "fleet.txt").read_text()
+    assert text.startswith("fleet doctor benchmark: 3 inventory hosts") and "reproduce:" in text
