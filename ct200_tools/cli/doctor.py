@@ -137,7 +137,7 @@ def _check_host_args(host: str, spec: SiteSpec | None, source: str | None) -> Si
 
 def _start_host(host: str, spec: SiteSpec, ssh_config: str | None, timeout: float) -> Any:
     from ct200_tools.probes import host as host_probe  # noqa: PLC0415
-    from ct200_tools.probes.ssh import SshError  # noqa: PLC0415
+    from ct200_tools.probes.base import SshError  # noqa: PLC0415
 
     try:
         return host_probe.start(host, spec, ssh_config, min(timeout, QUICK_TIMEOUT_S))
@@ -536,7 +536,7 @@ def _probe(
     if reading is None:
         return facts
     from ct200_tools.probes import host as host_probe  # noqa: PLC0415
-    from ct200_tools.probes.ssh import SshError  # noqa: PLC0415
+    from ct200_tools.probes.base import SshError  # noqa: PLC0415
 
     try:
         return host_probe.finish(reading, facts, timeout)

@@ -199,3 +199,8 @@ class Reader:
         except OSError as exc:
             self.note(key, f"cannot read {p}: {exc.strerror or exc}")
             return None
+
+
+class SshError(Exception):
+    """The host cannot be read over SSH: the message names the host and the fix. Here, not in
+    probes/ssh.py, so that --host local and the CLI catch it without importing paramiko."""

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ct200_tools.facts import Facts, HostFacts, LxcConfFacts
-from ct200_tools.probes.base import Reader
+from ct200_tools.probes.base import Reader, SshError
 from ct200_tools.probes.devices import probe_devices
 from ct200_tools.probes.kernel import probe_kernel
 from ct200_tools.probes.pci import probe_bridges, probe_pci
@@ -110,6 +110,21 @@ class HostProbe(threading.Thread):
             self.error = f"{type(exc).__name__}: {exc}"
 
 
+def _ssh_module(host: str) -> Any:
+    """probes/ssh.py, imported only for --host HOST (paramiko is needed only there); a missing
+    paramiko is a clear SshError, not the doctor's own crash."""
+    try:
+        from ct200_tools.probes import ssh  # noqa: PLC0415
+    except ImportError as exc:
+        raise SshError(
+            f"--host {host}: reading a host over SSH needs paramiko, which is not importable "
+            f"here ({exc}): install ct200-tools with its dependencies (pip install "
+            "'paramiko>=3.4' into the doctor's venv), or run the doctor on the host itself "
+            "with --host local"
+        ) from None
+    return ssh
+
+
 #: `--host local`: this machine is the host, read through the plain Reader (no SSH).
 LOCAL = "local"
 
@@ -120,9 +135,7 @@ def start(host: str, spec: SiteSpec, ssh_config: str | None, timeout_s: float) -
     if host == LOCAL:
         probe = HostProbe(Reader(), spec, LOCAL)
     else:
-        # Imported here: paramiko is needed only with --host HOST.
-        from ct200_tools.probes import ssh  # noqa: PLC0415
-
+        ssh = _ssh_module(host)
         target = ssh.resolve(host, ssh_config)
         probe = HostProbe(None, spec, f"ssh {target.describe()}", target)
         probe.timeout_s = timeout_s

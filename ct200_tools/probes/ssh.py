@@ -33,17 +33,13 @@ from typing import Any, NoReturn
 sys.modules.setdefault("invoke", None)  # type: ignore[arg-type]
 import paramiko  # noqa: E402
 
-from ct200_tools.probes.base import NodeStat, Ran, Reader, RunTimeout  # noqa: E402
+from ct200_tools.probes.base import NodeStat, Ran, Reader, RunTimeout, SshError  # noqa: E402
 
 #: ssh(1)'s defaults.
 USER_CONFIG = "~/.ssh/config"
 USER_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
 GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 CONNECT_TIMEOUT_S = 10.0
-
-
-class SshError(Exception):
-    """The host cannot be read over SSH: the message names the host and the fix."""
 
 
 @dataclass(frozen=True)

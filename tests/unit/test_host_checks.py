@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import socket
 import subprocess
 import sys
@@ -379,3 +380,32 @@ def test_host_local_reads_this_machine_without_ssh(tmp_path: Path) -> None:
     assert nodes["id"] == "lxc.nodes" and nodes["status"] == "fail", nodes
     assert "/etc/pve/lxc/200.conf does not exist" in nodes["summary"]
     assert nodes["remediation"]["where"] == "this machine"
+
+
+def test_without_paramiko_local_works_and_ssh_says_what_is_missing(tmp_path: Path) -> None:
+    # A paramiko that cannot be imported (as on a machine where only the local path is wanted):
+    # --host local never needs it; --host NAME says what is missing, never an internal error.
+    blocked = tmp_path / "block" / "paramiko"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError('paramiko blocked by the test')\n")
+    env = {**os.environ, "PYTHONPATH": f"{blocked.parent}{os.pathsep}{ROOT}"}
+    local = doctor(
+        "check",
+        "--host",
+        "local",
+        "--spec",
+        "inventory/ct200",
+        "--only",
+        "lxc.nodes",
+        "--json",
+        env=env,
+    )
+    assert local.returncode == 2 and "Traceback" not in local.stderr, local.stderr
+    assert "internal error" not in local.stderr, local.stderr
+    import json  # noqa: PLC0415
+
+    assert json.loads(local.stdout)["host"]["via"] == "local"
+    remote = doctor("check", "--host", "pve", "--spec", "inventory/ct200", env=env)
+    assert remote.returncode == 2, remote.stdout + remote.stderr
+    assert "internal error" not in remote.stderr and "Traceback" not in remote.stderr
+    assert "needs paramiko" in remote.stderr and "--host local" in remote.stderr, remote.stderr
