@@ -101,7 +101,7 @@ class HostProbe(threading.Thread):
 
                 try:
                     self.session = ssh.connect(self.target, self.timeout_s)
-                except ssh.SshError as exc:
+                except SshError as exc:
                     self.refused = exc
                     return
                 self.reader = ssh.SshReader(self.session)

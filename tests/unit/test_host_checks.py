@@ -26,13 +26,14 @@ from ct200_tools import pvecfg
 from ct200_tools.checks import run_checks
 from ct200_tools.checks.base import Finding
 from ct200_tools.facts import dumps, loads
+from ct200_tools.probes.base import SshError
 from ct200_tools.probes.pci import (
     ConfigUnreadable,
     find_ext_capability,
     parse_acs_ctl,
     upstream_bridges,
 )
-from ct200_tools.probes.ssh import SshError, SshReader, connect, resolve
+from ct200_tools.probes.ssh import SshReader, connect, resolve
 from tests.unit import host_helpers as hh
 from tests.unit.probe_helpers import FIXTURES, facts
 
