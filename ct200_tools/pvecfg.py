@@ -489,9 +489,7 @@ def _set_options(
             removed.append(lines[at[0]].text)
             lines[at[0]] = new
         else:
-            plain = [
-                i for i, ln in enumerate(lines) if ln.kind == "key" and ln.dev_index is None
-            ]
+            plain = [i for i, ln in enumerate(lines) if ln.kind == "key" and ln.dev_index is None]
             later = [i for i in plain if lines[i].key > key]
             pos = later[0] if later else (plain[-1] + 1 if plain else len(lines))
             lines.insert(pos, new)
