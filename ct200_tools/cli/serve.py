@@ -154,6 +154,7 @@ def status(spec_path: str | None, as_json: bool) -> None:
             "active": units[engine.unit_name(s.name)].active,
             "enabled": units[engine.unit_name(s.name)].file_state,
             "url": engine.base_url(s),
+            "served_name": engine.served_name(s),
         }
         for s in site.servers
     ]
