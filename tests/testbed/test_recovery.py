@@ -32,6 +32,7 @@ from tbharness import AnsibleRun, Bed
 from test_host_roles import restore as restore_pve
 from test_servers import CLEANUP, DOCTOR, SERVE, complete, setup, show, unit
 
+from benchmarks.recovery.bench import split
 from ct200_tools.serve import engine
 from testbed.harness import RebootReport
 from testbed.machine import hostname
@@ -66,26 +67,6 @@ def chain(bed: Bed) -> tuple[int, dict[str, Any]]:
 
 def cat(bed: Bed, name: str, path: str) -> str:
     return bed.ssh(name, "cat", path).stdout
-
-
-def split(
-    reboot: RebootReport, userspace: float, chain: dict[str, Any], done: float
-) -> dict[str, float]:
-    """Seconds per link, from the power-on of pve to the first completion: the host's boot and
-    pve-guests (power-on of pve to power-on of ct), the container's boot up to its systemd, each
-    step of the chain (by the boot report's times), and the completion itself."""
-    out = {
-        "host_boot_and_pve_guests": reboot.powered_on["ct"] - reboot.powered_on["pve"],
-        "container_to_systemd": userspace - reboot.powered_on["ct"],
-    }
-    last = 0.0
-    for step in chain["steps"]:
-        active = step["active_s"]
-        out[f"{step['kind']} {step['name']}"] = active - last
-        last = active
-    out["first_completion"] = done - (userspace + last)
-    out["total"] = done - reboot.powered_on["pve"]
-    return {k: round(v, 3) for k, v in out.items()}
 
 
 @dataclass
