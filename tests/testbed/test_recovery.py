@@ -37,7 +37,9 @@ from ct200_tools.serve import engine
 from testbed.harness import RebootReport
 from testbed.machine import hostname
 
-pytestmark = pytest.mark.testbed
+# The whole sequence runs in the module fixture: two real reboots, site.yml and three
+# recover.yml runs take longer than the default per-test limit on a busy 2-core machine.
+pytestmark = [pytest.mark.testbed, pytest.mark.timeout(1800)]
 
 SITE = "playbooks/site.yml"
 RECOVER = "playbooks/recover.yml"

@@ -25,6 +25,9 @@ def run(tmp_path: Path, confs: dict[int, str]) -> dict[str, object]:
         .replace(f'"{standins.PVE_GUESTS_STATE}"', repr(str(state)))
         .replace('"/var/lib/ct200-testbed/pct"', repr(str(tmp_path / "pct")))
     )
+    # Never the real paths: the test runs on the controller.
+    for real in ("/etc/pve/lxc", standins.PVE_GUESTS_STATE, "/var/lib/ct200-testbed"):
+        assert f'"{real}' not in script, real
     path = tmp_path / "pve-guests"
     path.write_text(script)
     proc = subprocess.run(
