@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -12,7 +13,7 @@ def step_seconds(marks: Mapping[str, float], order: Sequence[str]) -> dict[str, 
     present = [name for name in order if name in marks]
     return {
         name: round(float(marks[after]) - float(marks[name]), 2)
-        for name, after in zip(present, present[1:], strict=False)
+        for name, after in itertools.pairwise(present)
     }
 
 
