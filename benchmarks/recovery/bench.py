@@ -16,7 +16,8 @@ serving `tiny`), and per run:
    floor + load + 60 s;
 3. recover.yml on the good machine against a play of the same number of no-op
    `ansible.builtin.command: /bin/true` tasks per host (each loop item counted as a task; the
-   tasks recover.yml skipped are not counted), interleaved. Goal: ratio at most 1.0.
+   tasks recover.yml skipped, and those that run on the controller alone such as set_fact,
+   debug and assert, are not counted), interleaved. Goal: ratio at most 1.0.
 """
 
 from __future__ import annotations
@@ -192,11 +193,21 @@ def noop_playbook(counts: dict[str, int], path: Path) -> None:
     path.write_text(yaml.safe_dump(plays, sort_keys=False))
 
 
+#: Actions that run on the controller alone (no round trip to the host): not counted, so the
+#: no-op play is the stricter floor.
+LOCAL_ACTIONS = frozenset(
+    f"{prefix}{name}"
+    for prefix in ("", "ansible.builtin.")
+    for name in ("set_fact", "debug", "assert", "fail", "meta", "include_role", "import_role")
+)
+
+
 def task_counts(report: dict[str, Any]) -> dict[str, int]:
-    """Tasks that ran per host (loop items counted one by one; skipped ones not at all)."""
+    """Tasks that ran a module on each host (loop items counted one by one; skipped tasks and
+    the controller-only ones of LOCAL_ACTIONS not at all)."""
     counts: Counter[str] = Counter()
     for r in report["results"]:
-        if r["status"] in ("ok", "changed"):
+        if r["status"] in ("ok", "changed") and r.get("action") not in LOCAL_ACTIONS:
             counts[r["host"]] += int(r.get("items", 1))
     return dict(counts)
 

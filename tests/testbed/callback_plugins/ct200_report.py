@@ -56,6 +56,7 @@ class CallbackModule(CallbackBase):
                 "msg": str(res.get("msg", ""))[:500],
                 # A loop's items each ran the module: the benchmarks count them.
                 "items": len(res["results"]) if isinstance(res.get("results"), list) else 1,
+                "action": result._task.action,
             }
         )
 
