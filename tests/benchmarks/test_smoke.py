@@ -211,7 +211,7 @@ def test_recovery_benchmark(testbed_requirements: None, tmp_path: Path) -> None:
     ]
     assert report["floor_staging_alone_s"] > 0 and report["server_load_alone_s"] > 0
     assert report["recover_good_machine_s"] > 0 and report["noop_same_task_count_s"] > 0
-    assert set(report["noop_tasks_per_host"]) == {"localhost", "ct200-pve", "ct200-ct"}
+    assert {"ct200-pve", "ct200-ct"} <= set(report["noop_tasks_per_host"])
     assert report["ratio_recover_to_noop"] > 0
     text = (tmp_path / "results.txt").read_text()
     assert text.startswith("benchmarks/recovery:") and "reproduce:" in text
