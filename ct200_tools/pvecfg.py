@@ -14,6 +14,9 @@ What it keeps (../shared/domain.md section 3):
 * The lines it owns (devN entries for the managed nodes, lxc.mount.entry for them, device
   allow rules for the NVIDIA majors and for stale dynamic majors) are replaced in place,
   never duplicated; a new line goes next to its kind.
+* Two boot keys can be set too (``onboot``, ``startup``: whether and in what order PVE starts the
+  container at host boot), replaced where they stand or inserted among the keys in PVE's
+  alphabetical order; they need no container restart (``Plan.passthrough_changed``).
 * Writes like PVE::Tools::file_set_contents: ``<file>.tmp.<pid>`` in the same directory,
   created with the file's own mode (no chmod, no chown: pmxcfs refuses both), renamed over the
   config; while holding pve-container's config lock (flock on
@@ -43,6 +46,10 @@ ALLOW_KEY = "lxc.cgroup2.devices.allow"
 ALLOW_KEY_V1 = "lxc.cgroup.devices.allow"
 MOUNT_KEY = "lxc.mount.entry"
 PASSTHROUGH = ("devn", "raw-lxc")
+#: Main-section keys besides the passthrough lines that Want.options may set.
+BOOT_KEYS = ("onboot", "startup")
+#: pve-container's startup format: [[order=]N][,up=N][,down=N].
+_STARTUP = re.compile(r"^(?:(?:order=)?\d+)?(?:(?:^|,)(?:up|down)=\d+)*$")
 
 # pve-container's parse_pct_config, line by line (PVE/LXC/Config.pm).
 _PENDING = re.compile(r"^\[pve:pending\]\s*$", re.IGNORECASE)
@@ -228,6 +235,8 @@ class Want:
     passthrough: str = "devn"
     mode: str = "0666"
     majors: dict[str, int] | None = None
+    #: Boot keys to set, (key, value) pairs of BOOT_KEYS: ("onboot", "1"), ("startup", "order=1").
+    options: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -248,6 +257,9 @@ class Plan:
     removed: tuple[str, ...] = ()
     #: (old line, new line) for each line changed in place (a stale major's allow rule).
     replaced: tuple[tuple[str, str], ...] = ()
+    #: Whether the passthrough lines changed (the container needs a restart); a changed boot
+    #: key alone needs none.
+    passthrough_changed: bool = False
 
     @property
     def changed(self) -> bool:
@@ -271,6 +283,16 @@ def validate(want: Want) -> None:
         )
     if not re.fullmatch(r"0?[0-7]{3}", want.mode):
         raise PveConfigError(f"mode must be an octal access mode like 0666, not {want.mode!r}")
+    for key, value in want.options:
+        if key not in BOOT_KEYS:
+            raise PveConfigError(f"cannot set {key!r}: only {', '.join(BOOT_KEYS)} are managed")
+        if key == "onboot" and value not in ("0", "1"):
+            raise PveConfigError(f"onboot must be 0 or 1, not {value!r}")
+        if key == "startup" and (not value or not _STARTUP.match(value)):
+            raise PveConfigError(
+                f"startup {value!r} is not PVE's format [order=]N[,up=N][,down=N]: "
+                "fix it, e.g. order=1 or order=1,up=30"
+            )
 
 
 def _wanted(want: Want) -> list[_Item]:
@@ -498,13 +520,50 @@ def plan(config: Config, want: Want) -> Plan:
         new = classify(f"{key}: {item.value}")
         lines.insert(_insert_at(lines, item), new)
         added.append(new.text)
+    passthrough_changed = bool(added or removed)
+    option_lines = _set_options(lines, want.options, added, removed)
     # An empty main section gets whole lines; elsewhere the last line keeps its own ending.
     final_newline = config.final_newline or (not config.lines and bool(lines))
     after = Config(tuple(lines), final_newline, config.rest)
-    managed = tuple(ln.text for ln in lines if _owned(ln, want, ours, live) is not None)
-    return Plan(
-        config.render(), after.render(), managed, tuple(added), tuple(removed), tuple(replaced)
+    managed = tuple(
+        ln.text for ln in lines if _owned(ln, want, ours, live) is not None or ln in option_lines
     )
+    return Plan(
+        config.render(),
+        after.render(),
+        managed,
+        tuple(added),
+        tuple(removed),
+        tuple(replaced),
+        passthrough_changed,
+    )
+
+
+def _set_options(
+    lines: list[Line], options: tuple[tuple[str, str], ...], added: list[str], removed: list[str]
+) -> list[Line]:
+    """Set each boot key in place (a repeated key: the first one, the others removed), or insert
+    it among the plain keys in PVE's alphabetical order; returns the lines it owns."""
+    owned: list[Line] = []
+    for key, value in options:
+        new = classify(f"{key}: {value}")
+        at = [i for i, ln in enumerate(lines) if ln.kind == "key" and ln.key == key]
+        for i in reversed(at[1:]):
+            removed.append(lines.pop(i).text)
+        if at and lines[at[0]].value == value:
+            owned.append(lines[at[0]])
+            continue
+        if at:
+            removed.append(lines[at[0]].text)
+            lines[at[0]] = new
+        else:
+            plain = [i for i, ln in enumerate(lines) if ln.kind == "key" and ln.dev_index is None]
+            later = [i for i in plain if lines[i].key > key]
+            pos = later[0] if later else (plain[-1] + 1 if plain else len(lines))
+            lines.insert(pos, new)
+        added.append(new.text)
+        owned.append(new)
+    return owned
 
 
 def _insert_at(lines: list[Line], item: _Item) -> int:
@@ -661,7 +720,7 @@ def apply(
             )
     elif os.path.exists(proc_devices):
         majors = read_proc_devices(proc_devices)
-    want = Want(want.devices, want.passthrough, want.mode, majors if majors else None)
+    want = Want(want.devices, want.passthrough, want.mode, majors or None, want.options)
     # Check mode writes nothing, and PVE replaces the file by rename: a read needs no lock.
     guard = contextlib.nullcontext() if check else config_lock(lock_path(vmid, lock_dir), timeout)
     with guard:

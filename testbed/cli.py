@@ -30,6 +30,7 @@ Examples:
   ansible-playbook -i inventory/testbed/hosts.yml playbooks/site.yml
   python -m testbed ssh ct -- systemctl is-system-running
   python -m testbed status --all
+  python -m testbed reboot  # power-cycle pve, then ct if pve-guests starts it
   python -m testbed down    # idempotent; also clears a killed run's leftovers
 Run it from the repository root (testbed/ is not installed: it never ships)."""
 
@@ -148,6 +149,34 @@ def down(ctx: click.Context, slot: int, all_slots: bool) -> None:
                 continue
             with slot_lock(h.slot):
                 h.down()
+        return EXIT_OK
+
+    _guard(run)
+
+
+@main.command()
+@slot_option
+@click.argument("names", nargs=-1, metavar="[NAME]...")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_context
+def reboot(ctx: click.Context, slot: int, names: tuple[str, ...], as_json: bool) -> None:
+    """Power-cycle machines NAME... (default: all): systemd boots again, /dev/shm starts empty.
+    With pve in the cycle, ct is powered on only if pve-guests (stand-in) starts its vmid."""
+
+    def run() -> int:
+        require_root()
+        h = _harness(ctx, slot)
+        with slot_lock(h.slot):
+            report = h.reboot(names)
+        if as_json:
+            click.echo(json.dumps({"slot": slot, **dataclasses.asdict(report)}, indent=1))
+            return EXIT_OK
+        for name, at in report.powered_on.items():
+            took = report.ready[name] - at
+            state = report.system_state[name]
+            click.echo(f"  {name:<8} booted in {took:.1f}s, systemd {state}")
+        for name, why in report.left_off.items():
+            click.echo(f"  {name:<8} left powered off: {why}")
         return EXIT_OK
 
     _guard(run)

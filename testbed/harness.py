@@ -7,6 +7,7 @@ clears what a killed run left behind, and ``up`` runs it first whenever it finds
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import json
@@ -21,7 +22,7 @@ from typing import IO
 
 import yaml
 
-from testbed import cgroups, inventory, machine, network, rootfs, ssh, wheelhouse
+from testbed import cgroups, inventory, machine, network, rootfs, ssh, standins, wheelhouse
 from testbed.config import TEST_SLOTS, MachineSpec, Settings, Slot
 from testbed.errors import TestbedError
 from testbed.machine import Machine
@@ -48,6 +49,18 @@ class Status:
     machines: tuple[MachineStatus, ...] = ()
     leftovers: tuple[str, ...] = ()
     inventory: str | None = None
+
+
+@dataclass
+class RebootReport:
+    """What a power cycle did: per machine, when it was powered on (controller wall clock, epoch
+    seconds) and when it answered SSH with systemd done booting; machines left powered off (the
+    container when the pve-guests stand-in did not start it) with why."""
+
+    powered_on: dict[str, float] = field(default_factory=dict)
+    ready: dict[str, float] = field(default_factory=dict)
+    system_state: dict[str, str] = field(default_factory=dict)
+    left_off: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -300,6 +313,97 @@ class Harness:
         self._save(machines, "up")
         return machines
 
+    # -- reboot ------------------------------------------------------------------------------
+    def reboot(self, names: Sequence[str] = (), timeout: float = 600) -> RebootReport:
+        """Power-cycle machines of the slot (default: all): each is powered off (nspawn asks its
+        systemd to shut down) and booted again from the same root, so systemd boots anew and
+        the tmpfs mounts (/dev/shm, /run) start empty, as after a host reboot.
+
+        With the ``pve`` machine in the cycle it boots first; its pve-guests.service stand-in
+        then says which containers PVE would start (``onboot: 1``), and a ``ct`` machine is
+        powered on only when its vmid is among them (else it stays off: ``left_off``). A ``ct``
+        machine cycled without ``pve`` is a container restart (``pct reboot``): it boots.
+        Returns once every booted machine answers SSH and systemd finished booting (a
+        "degraded" system counts as booted: a failed unit is what a test may look for)."""
+        current = {m.name: m for m in self.machines()}
+        if not current:
+            raise TestbedError(
+                f"slot {self.slot.index} has no machines", fix="`python -m testbed up` first"
+            )
+        unknown = [n for n in names if n not in current]
+        if unknown:
+            raise TestbedError(
+                f"no machine {', '.join(unknown)} in slot {self.slot.index} "
+                f"(there are: {', '.join(current)})",
+                fix="name machines of this slot, or none for all",
+            )
+        chosen = [current[n] for n in (names or list(current))]
+        # pve first: its pve-guests stand-in decides whether the container starts.
+        chosen.sort(key=lambda m: 0 if m.role == "pve" else 1 if m.role == "ct" else 2)
+        self._close_masters()
+        for m in reversed(chosen):
+            if not machine.stop(m.pid, self.slot.netns(m.name), timeout=60):
+                raise TestbedError(
+                    f"machine {m.name} did not power off within 60 s",
+                    fix=f"`python -m testbed down --slot {self.slot.index}`, then up",
+                )
+            if m.lock and Path(m.lock).parent == machine.NSPAWN_LOCKS:
+                Path(m.lock).unlink(missing_ok=True)
+        report = RebootReport()
+        found = cgroups.hierarchies()
+        env = cgroups.nspawn_env(found)
+        pve_cycled = any(m.role == "pve" for m in chosen)
+        for m in chosen:
+            if m.role == "ct" and pve_cycled:
+                why = self._not_started_by_pve(current, report)
+                if why:
+                    report.left_off[m.name] = why
+                    continue
+            spec = MachineSpec(m.name, m.role)
+            dirs = cgroups.machine_dirs(found, self.slot.cgroup_rel, m.name)
+            report.powered_on[m.name] = time.time()
+            pid, log = machine.boot(self.slot, spec, Path(m.root), m.netns, dirs, env)
+            current[m.name] = dataclasses.replace(
+                m, pid=pid, log=str(log), lock=machine.nspawn_lock(Path(m.root))
+            )
+            self._save(list(current.values()), "up")
+            alive = functools.partial(machine.alive, pid, self.slot.netns(m.name))
+            report.system_state[m.name] = ssh.wait_booted(
+                self.runner, self.slot, m.name, m.address, alive, log, timeout=timeout
+            )
+            report.ready[m.name] = time.time()
+        return report
+
+    def _not_started_by_pve(self, current: dict[str, Machine], report: RebootReport) -> str:
+        """Why the pve-guests stand-in did not start the container, or "" when it did."""
+        pve = next((m for m in current.values() if m.role == "pve"), None)
+        if pve is None or pve.name not in report.ready:
+            return "its PVE machine is not up"
+        vmid = site_vmid(self.settings)
+        proc = self.runner.run(
+            ssh.argv(self.slot, pve.address, ["cat", standins.PVE_GUESTS_STATE]),
+            check=False,
+            timeout=30,
+        )
+        try:
+            data = json.loads(proc.stdout)
+        except ValueError:
+            return f"pve-guests (stand-in) left no {standins.PVE_GUESTS_STATE}"
+        if vmid in data.get("started", []):
+            return ""
+        why = data.get("skipped", {}).get(str(vmid), "not configured")
+        return f"pve-guests (stand-in) did not start CT {vmid}: {why}"
+
+    def _close_masters(self) -> None:
+        """End Ansible's ControlPersist masters: they would talk to a machine that is gone."""
+        slot = self.slot
+        for sock in sorted(slot.control_dir.glob("*")) if slot.control_dir.is_dir() else []:
+            self.runner.run(
+                ["ssh", "-F", "/dev/null", "-o", f"ControlPath={sock}", "-O", "exit", "testbed"],
+                check=False,
+                timeout=10,
+            )
+
     def _keep_logs(self, specs: Sequence[MachineSpec]) -> None:
         for spec in specs:
             log = self.slot.machine_dir(spec.name) / "console.log"
@@ -331,12 +435,7 @@ class Harness:
     def down(self, quiet: bool = False) -> list[str]:
         """Remove everything of the slot; safe to run any number of times."""
         slot, removed = self.slot, []
-        for sock in sorted(slot.control_dir.glob("*")) if slot.control_dir.is_dir() else []:
-            self.runner.run(
-                ["ssh", "-F", "/dev/null", "-o", f"ControlPath={sock}", "-O", "exit", "testbed"],
-                check=False,
-                timeout=10,
-            )
+        self._close_masters()
         running = [m for m in self.machines() if machine.alive(m.pid, slot.netns(m.name))]
         for m in running:
             os.kill(m.pid, signal.SIGTERM)  # nspawn asks the machine's systemd to power off

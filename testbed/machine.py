@@ -111,9 +111,19 @@ def personalize(
         conf.write_text(standins.lxc_conf(vmid))
         conf.chmod(0o640)
         sbin = root / "usr" / "local" / "sbin"
-        for tool, text in (("pct", standins.PCT), ("pveversion", standins.PVEVERSION)):
+        tools = (
+            ("pct", standins.PCT),
+            ("pveversion", standins.PVEVERSION),
+            ("ct200-testbed-pve-guests", standins.PVE_GUESTS),
+        )
+        for tool, text in tools:
             (sbin / tool).write_text(text)
             (sbin / tool).chmod(0o755)
+        units = etc / "systemd" / "system"
+        (units / "pve-guests.service").write_text(standins.PVE_GUESTS_UNIT)
+        wants = units / "multi-user.target.wants"
+        wants.mkdir(parents=True, exist_ok=True)
+        (wants / "pve-guests.service").symlink_to("/etc/systemd/system/pve-guests.service")
     return hostkey
 
 

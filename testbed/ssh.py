@@ -130,3 +130,43 @@ def wait_ready(
             detail=failed,
             fix=f"inspect it: `python -m testbed ssh {name} -- journalctl -b`",
         )
+
+
+def wait_booted(
+    runner: Runner,
+    slot: Slot,
+    name: str,
+    address: str,
+    alive: Callable[[], bool],
+    boot_log: Path,
+    timeout: float = 600,
+) -> str:
+    """After a power cycle: until sshd answers and systemd finished booting; returns systemd's
+    state ("running", or "degraded" when a unit failed, which a test of the boot chain wants to
+    see rather than an error)."""
+    deadline = time.monotonic() + timeout
+    while not port_open(address):
+        if not alive():
+            raise TestbedError(
+                f"machine {name}: systemd-nspawn exited during boot",
+                fix=f"see its log: {boot_log}",
+            )
+        if time.monotonic() > deadline:
+            raise TestbedError(
+                f"machine {name}: sshd did not listen on {address}:{SSH_PORT} "
+                f"within {timeout:.0f}s",
+                fix=f"see the boot log {boot_log}",
+            )
+        time.sleep(0.2)
+    left = max(5.0, deadline - time.monotonic())
+    proc = runner.run(
+        argv(slot, address, ["systemctl", "is-system-running", "--wait"]), check=False, timeout=left
+    )
+    state = proc.stdout.strip()
+    if proc.returncode == 255 or state not in ("running", "degraded"):
+        raise TestbedError(
+            f"machine {name}: systemd reports {state or 'nothing'} after boot "
+            f"({proc.stderr.strip()})",
+            fix=f"inspect it: `python -m testbed ssh {name} -- journalctl -b`",
+        )
+    return state

@@ -7,8 +7,16 @@ The ``pve`` machine is a plain Debian machine standing in for the Proxmox VE hos
 * ``/usr/local/sbin/pct`` is a STAND-IN for Proxmox's ``pct``: it records every call (one JSON
   line per call in ``/var/log/ct200-testbed/pct.log``) and emulates ``list``, ``status``,
   ``config``, ``set`` and ``start``/``stop``/``shutdown``/``reboot`` on a recorded state.
-  It does not start anything: the ``ct`` machine stands in for the container and is always up.
+  It does not start anything: the ``ct`` machine stands in for the container.
 * ``/usr/local/sbin/pveversion`` is a STAND-IN reporting a PVE 8.2 version.
+* ``pve-guests.service`` is a STAND-IN for PVE's unit of the same name (which runs
+  ``pvesh create /nodes/localhost/startall``): at boot it picks the containers with ``onboot: 1``
+  in ``/etc/pve/lxc/*.conf`` in PVE's start order (``startup: order=N`` ascending, then the rest
+  by vmid), marks them running for the ``pct`` stand-in, and writes the list to
+  ``/run/ct200-testbed/pve-guests.json``. It cannot start a machine itself: the harness
+  (``Harness.reboot``) reads that list once the ``pve`` machine has booted and powers on the ``ct``
+  machine only when its vmid is in it. So a missing ``onboot: 1`` leaves the container down, as
+  on a real host.
 
 No NVIDIA hardware exists on any testbed machine.
 """
@@ -135,6 +143,99 @@ if __name__ == "__main__":
 PVEVERSION = r"""#!/bin/sh
 # pveversion -- ct200-tools testbed STAND-IN for Proxmox VE's pveversion (not the real tool).
 echo "pve-manager/8.2.4/faa83925c9641325 (running kernel: $(uname -r))"
+"""
+
+
+PVE_GUESTS_STATE = "/run/ct200-testbed/pve-guests.json"
+
+PVE_GUESTS = r'''#!/usr/bin/python3
+"""ct200-testbed-pve-guests -- ct200-tools testbed STAND-IN for PVE's pve-guests.service
+(`pvesh create /nodes/localhost/startall`); not the real thing.
+
+Picks the containers with `onboot: 1` in PVE's start order (startup order=N ascending, those
+without an order after them, ties by vmid), marks them running for the pct stand-in, and writes
+{"started": [vmid, ...], "skipped": {vmid: why}} to __STATE__. The testbed harness powers on
+the container machine when its vmid is listed.
+"""
+import json
+import os
+import re
+import time
+
+CONF_DIR = "/etc/pve/lxc"
+STATE = "__STATE__"
+PCT_STATE = "/var/lib/ct200-testbed/pct"
+
+
+def main_keys(path):
+    keys = {}
+    with open(path) as fh:
+        for line in fh:
+            if line.startswith("["):
+                break
+            m = re.match(r"^([a-z][a-z_]*\d*):\s*(.*?)\s*$", line)
+            if m:
+                keys[m.group(1)] = m.group(2)
+    return keys
+
+
+def order_of(startup):
+    for part in startup.split(","):
+        k, _, v = part.partition("=")
+        if k.strip() == "order" and v.strip().isdigit():
+            return int(v)
+    return None
+
+
+def main():
+    guests, skipped = [], {}
+    names = sorted(os.listdir(CONF_DIR)) if os.path.isdir(CONF_DIR) else []
+    for name in names:
+        if not re.fullmatch(r"[0-9]+[.]conf", name):
+            continue
+        vmid = int(name[:-5])
+        keys = main_keys(os.path.join(CONF_DIR, name))
+        if keys.get("onboot") != "1":
+            skipped[vmid] = "onboot is not 1"
+            continue
+        if "lock" in keys:
+            skipped[vmid] = "locked (" + keys["lock"] + ")"
+            continue
+        order = order_of(keys.get("startup", ""))
+        guests.append((order is None, order or 0, vmid))
+    started = [vmid for _, _, vmid in sorted(guests)]
+    os.makedirs(PCT_STATE, exist_ok=True)
+    for vmid in started:
+        with open(os.path.join(PCT_STATE, str(vmid)), "w") as fh:
+            fh.write("running\n")
+    os.makedirs(os.path.dirname(STATE), exist_ok=True)
+    with open(STATE + ".tmp", "w") as fh:
+        json.dump({"time": time.time(), "started": started, "skipped": skipped}, fh)
+    os.replace(STATE + ".tmp", STATE)
+    for vmid in started:
+        print(f"pve-guests (testbed stand-in): starting CT {vmid}")
+    for vmid, why in skipped.items():
+        print(f"pve-guests (testbed stand-in): not starting CT {vmid}: {why}")
+
+
+if __name__ == "__main__":
+    main()
+'''.replace("__STATE__", PVE_GUESTS_STATE)
+
+PVE_GUESTS_UNIT = """\
+# ct200-tools testbed STAND-IN for Proxmox VE's pve-guests.service (testbed/standins.py): it
+# lists the containers to start at boot; the testbed harness powers the container machine on.
+[Unit]
+Description=PVE guests (ct200-tools testbed STAND-IN)
+After=network.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/local/sbin/ct200-testbed-pve-guests
+
+[Install]
+WantedBy=multi-user.target
 """
 
 

@@ -25,6 +25,7 @@ Examples:
   ct200-serve switch kimi-tp8-eagle3          serve Kimi; stops the Qwen servers on its GPUs
   ct200-serve switch qwen-tp4-ddtree qwen-tp4-dflash --json
   ct200-serve switch kimi-tp8 --exact --dry-run   the plan alone; serve kimi-tp8 and nothing else
+  ct200-serve chain                           after a reboot: where the boot chain stopped
 
 \b
 Inside each server unit (not for people):
@@ -152,6 +153,7 @@ def status(spec_path: str | None, as_json: bool) -> None:
             "active": units[engines.unit_name(s.name)].active,
             "enabled": units[engines.unit_name(s.name)].file_state,
             "url": engines.base_url(s),
+            "served_name": engines.served_name(s),
         }
         for s in site.servers
     ]
@@ -173,6 +175,55 @@ def status(spec_path: str | None, as_json: bool) -> None:
         click.echo(
             f" {mark} {row['name']:<24} {row['active']:<12} {row['enabled']:<9} {row['url']}"
         )
+
+
+@cli.command()
+@spec_option
+@_json_option
+@click.option(
+    "--textfile",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Also write the chain as a Prometheus textfile here (temp file + rename).",
+)
+@click.option(
+    "--doctor/--no-doctor",
+    default=True,
+    show_default=True,
+    help="Where the chain stopped, also print `ct200-doctor gate` of the server it blocks.",
+)
+def chain(spec_path: str | None, as_json: bool, textfile: str | None, doctor: bool) -> None:
+    """Where the boot chain got to: each stage and server of the serving set in start order,
+    its state and times since the container started, and the step where it stopped.
+    Exit 0 serving, 1 stopped (or still starting)."""
+    import time  # noqa: PLC0415
+
+    from ct200_tools import serving  # noqa: PLC0415
+    from ct200_tools.fsutil import write_atomic  # noqa: PLC0415
+    from ct200_tools.serve import chain as ch  # noqa: PLC0415
+    from ct200_tools.serve.systemd import Systemd  # noqa: PLC0415
+    from ct200_tools.spec import find_spec  # noqa: PLC0415
+
+    site = _load(spec_path)
+    chosen = serving.current(site)
+    got = ch.read(site, chosen, Systemd())
+    if textfile:
+        write_atomic(textfile, ch.textfile(got, time.time()))
+    path = find_spec(spec_path).path
+    gated, doctor_lines = (
+        ch.ask_doctor(site, chosen, got, str(path)) if doctor and path else (None, [])
+    )
+    if as_json:
+        _emit("chain", got.ok, {**got.to_dict(), "doctor": doctor_lines})
+    else:
+        for line in ch.lines(got):
+            click.echo(line)
+        if doctor_lines:
+            click.echo(f"the doctor on {gated} (ct200-doctor gate {gated}):")
+            for line in doctor_lines:
+                click.echo(f"  {line}")
+        if textfile:
+            click.echo(f"report: {textfile}")
+    sys.exit(Exit.OK if got.ok else Exit.FAILED)
 
 
 @cli.command("wait-ready")

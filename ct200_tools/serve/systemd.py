@@ -89,6 +89,14 @@ class Systemd:
         states = parse_show(out, units)
         return {u: states.get(u, UnitState(u)) for u in units}
 
+    def show_text(self, units: Sequence[str], properties: Sequence[str]) -> str:
+        """`systemctl show` of chosen properties: of ``units``, or of the manager when empty."""
+        argv = ["systemctl", "show", "--no-pager", f"--property={','.join(properties)}"]
+        rc, out, err = self.run([*argv, *units], QUICK_S)
+        if rc != 0:
+            raise SystemdError(f"systemctl show: {err.strip() or f'exit {rc}'}")
+        return out
+
     def start(self, unit: str, timeout: float) -> tuple[bool, str]:
         """Blocks until the start job ends: for a server, until ExecStartPost saw it serve."""
         rc, _, err = self.run(["systemctl", "start", unit], timeout)

@@ -66,6 +66,16 @@ options:
     description: Seconds to wait for the config lock another tool holds before failing.
     type: float
     default: 10
+  onboot:
+    description:
+      - Sets C(onboot) (whether pve-guests.service starts the container at host boot), in the
+        same locked write. Unset leaves the key as it is. Needs no container restart.
+    type: bool
+  startup:
+    description:
+      - Sets C(startup), the container's boot order and delays (C([order=]N[,up=N][,down=N])),
+        in the same locked write. Unset leaves the key as it is. Needs no container restart.
+    type: str
 attributes:
   check_mode:
     support: full
@@ -113,6 +123,11 @@ removed:
   returned: always
   type: list
   elements: str
+passthrough_changed:
+  description: Whether the passthrough lines changed (a running container needs a restart); boot
+    keys alone need none.
+  returned: always
+  type: bool
 majors:
   description: The majors the raw-lxc allow rules use, by /proc/devices name (empty for devn).
   returned: always
@@ -129,11 +144,18 @@ def main() -> None:
             "proc_devices": {"type": "path", "default": "/proc/devices"},
             "mode": {"type": "str", "default": "0666"},
             "lock_timeout": {"type": "float", "default": 10},
+            "onboot": {"type": "bool"},
+            "startup": {"type": "str"},
         },
         supports_check_mode=True,
     )
     p = module.params
-    want = Want(tuple(p["devices"]), p["passthrough"], p["mode"])
+    options = []
+    if p["onboot"] is not None:
+        options.append(("onboot", "1" if p["onboot"] else "0"))
+    if p["startup"] is not None:
+        options.append(("startup", p["startup"]))
+    want = Want(tuple(p["devices"]), p["passthrough"], p["mode"], None, tuple(options))
     try:
         result = apply(
             p["path"],
@@ -154,6 +176,7 @@ def main() -> None:
         "config_lines": [as_pve_reads(t) for t in edit.managed],
         "added": list(edit.added),
         "removed": list(edit.removed),
+        "passthrough_changed": edit.passthrough_changed,
         "majors": result.majors,
     }
     if module._diff:

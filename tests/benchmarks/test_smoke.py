@@ -205,6 +205,32 @@ def test_servers_benchmark(testbed_requirements: None, tmp_path: Path) -> None:
     assert text.startswith("benchmarks/servers:") and "reproduce:" in text
 
 
+@pytest.mark.testbed
+def test_recovery_benchmark(testbed_requirements: None, tmp_path: Path) -> None:
+    """benchmarks/recovery: one reboot and one recover.yml against its no-op play."""
+    proc = run(
+        [sys.executable, "-m", "benchmarks.recovery.bench", "--runs", "1", "--out", str(tmp_path)]
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert report["schema_version"] == 1 and report["runs"] == 1
+    steps = report["boot_to_first_completion_by_step_s"]
+    assert list(steps) == [
+        "host_boot_and_pve_guests",
+        "container_to_systemd",
+        "stage tiny-a",
+        "server tiny",
+        "first_completion",
+        "total",
+    ]
+    assert report["floor_staging_alone_s"] > 0 and report["server_load_alone_s"] > 0
+    assert report["recover_good_machine_s"] > 0 and report["noop_same_task_count_s"] > 0
+    assert {"ct200-pve", "ct200-ct"} <= set(report["noop_tasks_per_host"])
+    assert report["ratio_recover_to_noop"] > 0
+    text = (tmp_path / "results.txt").read_text()
+    assert text.startswith("benchmarks/recovery:") and "reproduce:" in text
+
+
 @pytest.mark.parametrize("mode", ["per-gpu", "all"])
 def test_doctor_phases(mode: str) -> None:
     """benchmarks/doctor/phases.py: the doctor's own path, phase by phase, one run; the phases

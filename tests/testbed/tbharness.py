@@ -17,7 +17,7 @@ from typing import Any
 
 from testbed import ssh as tbssh
 from testbed.config import Slot
-from testbed.harness import Harness, UpReport
+from testbed.harness import Harness, RebootReport, UpReport
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -67,6 +67,10 @@ class Bed:
     ) -> subprocess.CompletedProcess[str]:
         argv = tbssh.argv(self.slot, self.addresses[name], command)
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+
+    def reboot(self, *names: str) -> RebootReport:
+        """Power-cycle machines (default: all) and wait until they booted; see Harness.reboot."""
+        return self.harness.reboot(names)
 
     def push(self, name: str, src: Path, dest: str, mode: int = 0o644) -> None:
         self.harness.push(name, src, dest, mode)

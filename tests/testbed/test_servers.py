@@ -351,6 +351,10 @@ CLEANUP = (
     " rm -rf /tank /dev/shm/models /var/lib/ct200 /var/cache/ct200 /etc/ct200/servers"
     " /etc/systemd/system/ct200-server-* /etc/systemd/system/ct200-stage@*"
     " /etc/systemd/system/*.wants/ct200-server-* /etc/systemd/system/*.wants/ct200-stage@*"
+    # The boot report (roles/boot_report), which container.yml installs too, and its textfile.
+    " /etc/systemd/system/ct200-boot-report.service"
+    " /etc/systemd/system/*.wants/ct200-boot-report.service"
+    " /var/lib/prometheus/node-exporter/ct200_boot.prom"
     " /usr/local/bin/llama-server;"
     " sed -i '\\# /dev/shm #d' /etc/fstab;"
     " userdel ct200; groupdel ct200;"

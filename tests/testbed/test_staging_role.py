@@ -394,7 +394,9 @@ def staging(testbed: Bed) -> Iterator[Staging]:
             "-c",
             "systemctl stop 'ct200-stage@*.service';"
             " systemctl reset-failed 'ct200-stage@*.service';"
-            " rm -rf /tank /dev/shm/models /var/lib/ct200 /etc/systemd/system/ct200-stage@*;"
+            " rm -rf /tank /dev/shm/models /var/lib/ct200 /etc/systemd/system/ct200-stage@*"
+            " /etc/systemd/system/ct200-boot-report.service"
+            " /etc/systemd/system/*.wants/ct200-boot-report.service;"
             " systemctl daemon-reload",
         )
 

@@ -52,6 +52,8 @@ def test_ansible_doc_finds_the_module_by_its_short_name() -> None:
         "proc_devices",
         "mode",
         "lock_timeout",
+        "onboot",
+        "startup",
     }
     assert doc["options"]["passthrough"]["default"] == "devn"
     assert doc["options"]["mode"]["default"] == "0666"

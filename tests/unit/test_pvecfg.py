@@ -660,3 +660,54 @@ def test_pvecfg_runs_on_python39() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "arch: amd64\ndev0: /dev/nvidia0,mode=0666\n[snap]\nx: 1\n"
+
+
+# --- boot keys (onboot, startup) -------------------------------------------------------------
+
+BOOT = (("onboot", "1"), ("startup", "order=1"))
+
+
+def test_boot_keys_are_inserted_in_pve_order_without_a_restart() -> None:
+    text = corpus("fresh-pve8.conf")
+    want = Want(NODES, "devn", options=BOOT)
+    first = edit(text, want)
+    keys = [ln.key for ln in pvecfg.parse(first.after).lines if ln.kind == "key"]
+    plain = [k for k in keys if not k.startswith("dev")]
+    assert plain == sorted(plain)
+    assert "onboot: 1" in first.managed and "startup: order=1" in first.managed
+    assert first.passthrough_changed
+    # Once the passthrough lines are there, a changed boot key alone needs no restart.
+    again = edit(first.after.replace("onboot: 1", "onboot: 0"), want)
+    assert again.changed and not again.passthrough_changed
+    assert again.added == ("onboot: 1",) and again.removed == ("onboot: 0",)
+    assert edit(first.after, want).after == first.after
+
+
+def test_boot_keys_replace_in_place_and_drop_repeats() -> None:
+    text = "arch: amd64\nstartup: order=5,up=30\nhostname: ct\nstartup: 3\n[snap]\nstartup: 9\n"
+    got = edit(text, Want(NODES, "devn", options=(("startup", "order=1"),)))
+    assert got.after.startswith("arch: amd64\nstartup: order=1\nhostname: ct\n")
+    assert got.after.count("startup:") == 2  # the snapshot's own line is kept
+    assert got.after.endswith("[snap]\nstartup: 9\n")
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ((("onboot", "yes"),), "onboot"),
+        ((("startup", "first"),), "startup"),
+        ((("startup", ""),), "startup"),
+        ((("memory", "1024"),), "memory"),
+    ],
+)
+def test_bad_boot_keys_are_refused_naming_the_field(
+    options: tuple[tuple[str, str], ...], field: str
+) -> None:
+    with pytest.raises(PveConfigError, match=field):
+        edit(corpus("fresh-pve8.conf"), Want(NODES, "devn", options=options))
+
+
+@pytest.mark.parametrize("value", ["1", "order=2", "order=1,up=30", "up=10,down=5", "2,down=60"])
+def test_startup_values_pve_accepts(value: str) -> None:
+    got = edit("arch: amd64\n", Want(NODES, "devn", options=(("startup", value),)))
+    assert f"startup: {value}" in got.managed

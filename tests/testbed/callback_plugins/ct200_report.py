@@ -54,6 +54,9 @@ class CallbackModule(CallbackBase):
                 "status": status,
                 "seconds": round(time.monotonic() - self._task_started, 3),
                 "msg": str(res.get("msg", ""))[:500],
+                # A loop's items each ran the module: the benchmarks count them.
+                "items": len(res["results"]) if isinstance(res.get("results"), list) else 1,
+                "action": result._task.action,
             }
         )
 
