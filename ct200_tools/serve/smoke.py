@@ -81,14 +81,13 @@ def smoke(
     ready_timeout_s: float,
     completion_timeout_s: float,
     prompt: str,
-    ready: Ready | None = None,
+    ready: Ready = wait_ready,
     complete: Complete = _complete,
 ) -> list[Smoke]:
     """Each server in order: wait for its readiness path, then ask for a 1-token completion."""
-    poll: Ready = ready or (lambda url, deadline: wait_ready(url, deadline))
     out = []
     for s in servers:
-        got = poll(engines.ready_url(s), ready_timeout_s)
+        got = ready(engines.ready_url(s), ready_timeout_s)
         answer = (
             complete(engines.base_url(s), engines.served_name(s), prompt, completion_timeout_s)
             if got.ok
