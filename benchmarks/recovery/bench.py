@@ -40,7 +40,7 @@ import yaml
 from testbed import llama_build, ssh
 from testbed.config import DEFAULT_MACHINES, MachineSpec, Settings
 from testbed.harness import Harness, RebootReport, claim_test_slot
-from tests.server_sites import gate_standin, prepare_ct
+from tests.server_sites import prepare_ct
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -238,10 +238,6 @@ def measure(runs: int, workdir: Path) -> dict[str, Any]:
         bench = Bench(harness, up.inventory, workdir)
         site = prepare_ct(harness.push, workdir, llama_build.ensure().binary)
         extra = ("-e", f"@{site}")
-        bench.playbook("playbooks/container.yml", "--limit", "ct200-ct,localhost", *extra,
-                       "--tags", "tools")  # fmt: skip
-        has_gate = "gate" in bench.remote("ct", f"{BIN}/ct200-doctor", "--help")
-        standin = gate_standin(has_gate, harness.push)
         bench.playbook("playbooks/site.yml", *extra)
         boots = [bench.boot() for _ in range(runs)]
         recover_args = (*extra, "-e", "recover_doctor=servers")
@@ -257,7 +253,7 @@ def measure(runs: int, workdir: Path) -> dict[str, Any]:
                 sys.exit(f"bench: recover.yml changed {changed} thing(s) on a good machine")
             recover_s.append(seconds)
             noop_s.append(bench.playbook(str(noop))[0])
-    return summarize(boots, recover_s, noop_s, counts, runs, standin)
+    return summarize(boots, recover_s, noop_s, counts, runs)
 
 
 def summarize(
@@ -266,7 +262,6 @@ def summarize(
     noop_s: list[float],
     counts: dict[str, dict[str, int]],
     runs: int,
-    standin: bool,
 ) -> dict[str, Any]:
     steps = {k: median([b["steps"][k] for b in boots]) for k in boots[0]["steps"]}
     floor = median([b["staging_alone_s"] for b in boots])
@@ -278,7 +273,7 @@ def summarize(
     return {
         "schema_version": SCHEMA_VERSION,
         "runs": runs,
-        "gate": "stand-in (tests/testbed/gate_standin.py)" if standin else "ct200-doctor gate",
+        "gate": "ct200-doctor gate",
         "boot_to_first_completion_by_step_s": steps,
         "container_start_to_serving_s": container,
         "floor_staging_alone_s": floor,
