@@ -14,10 +14,10 @@ serving `tiny`), and per run:
    copy removed, `systemctl start` of its staging unit), and the server's load alone
    (`systemctl start` of its unit with its model staged). Goal: boot to serving at most
    floor + load + 60 s;
-3. recover.yml on the good machine against a play of the same number of no-op
-   `ansible.builtin.command: /bin/true` tasks per host (each loop item counted as a task; the
-   tasks recover.yml skipped, and those that run on the controller alone such as set_fact,
-   debug and assert, are not counted), interleaved. Goal: ratio at most 1.0.
+3. recover.yml on the good machine against a play of the same number of no-op tasks per host,
+   of the same kind (task_counts): a `/bin/true` for each task that ran a module on the host
+   (each loop item counted), a controller-side set_fact for each set_fact, debug and assert;
+   the tasks recover.yml skipped are not counted. Interleaved. Goal: ratio at most 1.0.
 """
 
 from __future__ import annotations
@@ -170,22 +170,26 @@ class Bench:
         }
 
 
-def noop_playbook(counts: dict[str, int], path: Path) -> None:
-    """One play per host with as many `/bin/true` tasks as recover.yml ran there."""
+def noop_playbook(counts: dict[str, dict[str, int]], path: Path) -> None:
+    """One play per host with as many no-op tasks as recover.yml ran there, of the same kind: a
+    `/bin/true` for each task that ran a module on the host (a round trip), a controller-side
+    `set_fact` for each that ran on the controller alone (set_fact, debug, assert)."""
     plays = []
     for host, n in sorted(counts.items()):
+        remote = [
+            {"name": f"Remote no-op {i}.", "ansible.builtin.command": "/bin/true",
+             "changed_when": False}
+            for i in range(n.get("remote", 0))
+        ]  # fmt: skip
+        local = [
+            {"name": f"Controller no-op {i}.", "ansible.builtin.set_fact": {"ct200_noop": i}}
+            for i in range(n.get("controller", 0))
+        ]
         play: dict[str, Any] = {
             "name": f"{n} no-op tasks on {host}",
             "hosts": host,
             "gather_facts": False,
-            "tasks": [
-                {
-                    "name": f"No-op {i}.",
-                    "ansible.builtin.command": "/bin/true",
-                    "changed_when": False,
-                }
-                for i in range(n)
-            ],
+            "tasks": remote + local,
         }
         if host == "localhost":
             play["connection"] = "local"
@@ -193,23 +197,33 @@ def noop_playbook(counts: dict[str, int], path: Path) -> None:
     path.write_text(yaml.safe_dump(plays, sort_keys=False))
 
 
-#: Actions that run on the controller alone (no round trip to the host): not counted, so the
-#: no-op play is the stricter floor.
+#: Actions that run on the controller alone (no round trip to the host): each is mirrored by a
+#: controller-side no-op (set_fact), not by a `/bin/true` that would make the floor easier.
 LOCAL_ACTIONS = frozenset(
     f"{prefix}{name}"
     for prefix in ("", "ansible.builtin.")
-    for name in ("set_fact", "debug", "assert", "fail", "meta", "include_role", "import_role")
+    for name in ("set_fact", "debug", "assert", "fail")
+)
+#: Structure, not work: imports are resolved at parse time and include_role/meta run no module.
+STRUCTURE = frozenset(
+    f"{prefix}{name}"
+    for prefix in ("", "ansible.builtin.")
+    for name in ("meta", "include_role", "import_role", "include_tasks", "import_tasks")
 )
 
 
-def task_counts(report: dict[str, Any]) -> dict[str, int]:
-    """Tasks that ran a module on each host (loop items counted one by one; skipped tasks and
-    the controller-only ones of LOCAL_ACTIONS not at all)."""
-    counts: Counter[str] = Counter()
+def task_counts(report: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Per host, the tasks recover.yml executed: remote (ran a module on the host; loop items
+    counted one by one) and controller (ran on the controller alone). Skipped tasks ran nothing
+    and are not counted; neither are structural ones (STRUCTURE)."""
+    counts: dict[str, Counter[str]] = {}
     for r in report["results"]:
-        if r["status"] in ("ok", "changed") and r.get("action") not in LOCAL_ACTIONS:
-            counts[r["host"]] += int(r.get("items", 1))
-    return dict(counts)
+        action = r.get("action")
+        if r["status"] not in ("ok", "changed") or action in STRUCTURE:
+            continue
+        kind = "controller" if action in LOCAL_ACTIONS else "remote"
+        counts.setdefault(r["host"], Counter())[kind] += int(r.get("items", 1))
+    return {host: dict(c) for host, c in counts.items()}
 
 
 def measure(runs: int, workdir: Path) -> dict[str, Any]:
@@ -246,7 +260,7 @@ def summarize(
     boots: list[dict[str, Any]],
     recover_s: list[float],
     noop_s: list[float],
-    counts: dict[str, int],
+    counts: dict[str, dict[str, int]],
     runs: int,
 ) -> dict[str, Any]:
     steps = {k: median([b["steps"][k] for b in boots]) for k in boots[0]["steps"]}

@@ -26,6 +26,7 @@ Examples:
   ct200-serve switch qwen-tp4-ddtree qwen-tp4-dflash --json
   ct200-serve switch kimi-tp8 --exact --dry-run   the plan alone; serve kimi-tp8 and nothing else
   ct200-serve chain                           after a reboot: where the boot chain stopped
+  ct200-serve smoke                           each server of the set: ready, and a completion
 
 \b
 Inside each server unit (not for people):
@@ -270,6 +271,59 @@ def wait_ready(name: str, spec_path: str | None, timeout: float | None) -> None:
         f"above (journalctl -u {engines.unit_name(name)}) say where it is stuck"
     )
     sys.exit(Exit.FAILED)
+
+
+@cli.command()
+@click.argument("names", nargs=-1, metavar="[NAME...]")
+@spec_option
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=60.0,
+    show_default=True,
+    help="Seconds each server may take to answer its readiness path.",
+)
+@click.option(
+    "--completion-timeout",
+    type=click.FloatRange(min=0.1),
+    default=120.0,
+    show_default=True,
+    help="Seconds each 1-token completion may take.",
+)
+@click.option("--prompt", default="Hello", show_default=True, help="The completion's prompt.")
+@_json_option
+def smoke(
+    names: tuple[str, ...],
+    spec_path: str | None,
+    timeout: float,
+    completion_timeout: float,
+    prompt: str,
+    as_json: bool,
+) -> None:
+    """Each server NAME... (default: the serving set) answers its readiness path and a real
+    1-token completion through its OpenAI API. Exit 0 all did, 1 one did not."""
+    from ct200_tools import engines, serving  # noqa: PLC0415
+    from ct200_tools.serve.smoke import smoke as run_smoke  # noqa: PLC0415
+
+    site = _load(spec_path)
+    servers = serving.resolve(site, list(names)) if names else serving.current(site).servers
+    got = run_smoke(servers, timeout, completion_timeout, prompt)
+    ok = all(g.ok for g in got)
+    if as_json:
+        _emit("smoke", ok, {"servers": [g.to_dict() for g in got]})
+    else:
+        for g in got:
+            if g.ok and g.completion is not None:
+                click.echo(
+                    f"ct200-serve smoke {g.name}: ok: ready after {g.ready.seconds:.2f} s, "
+                    f"{g.completion.tokens} token(s) in {g.completion.duration_s} s"
+                )
+            else:
+                click.echo(f"ct200-serve smoke {g.name}: {g.why}")
+                click.echo(f"  fix: journalctl -u {engines.unit_name(g.name)} says why")
+        if not got:
+            click.echo("ct200-serve smoke: the serving set is empty")
+    sys.exit(Exit.OK if ok else Exit.FAILED)
 
 
 @cli.command()

@@ -98,7 +98,7 @@ def _probe_one(
     models = _models(r, base)
     out = replace(out, models=models)
     if models.status == 200:
-        out = replace(out, generation=_generate(r, base, engines.served_name(s)))
+        out = replace(out, generation=generate(r, base, engines.served_name(s)))
     return out
 
 
@@ -146,9 +146,13 @@ def _models(r: Reader, base: str) -> HttpFacts:
     return _with(got, served=ids)
 
 
-def _generate(r: Reader, base: str, served: str) -> HttpFacts:
-    payload = {"model": served, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}
-    got, data = _call(r, "POST", f"{base}/v1/completions", payload, GENERATE_TIMEOUT_S)
+def generate(
+    r: Reader, base: str, served: str, prompt: str = PROMPT, timeout_s: float = GENERATE_TIMEOUT_S
+) -> HttpFacts:
+    """A 1-token completion through the OpenAI API (the doctor's server.generate, and
+    `ct200-serve smoke`): its status, tokens, or what went wrong."""
+    payload = {"model": served, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+    got, data = _call(r, "POST", f"{base}/v1/completions", payload, timeout_s)
     if got.error is not None or got.status != 200:
         return got if got.status is None or got.status == 200 else _with(got, body=_body(data))
     choices = data.get("choices") if isinstance(data, dict) else None

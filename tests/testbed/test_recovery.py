@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from tbharness import AnsibleRun, Bed
 from test_host_roles import restore as restore_pve
-from test_servers import CLEANUP, DOCTOR, SERVE, complete, setup, show, unit
+from test_servers import CLEANUP, DOCTOR, SERVE, complete, setup, show, unit, wait_failed
 
 from benchmarks.recovery.bench import split
 from ct200_tools import engines as engine
@@ -167,6 +167,10 @@ def recovery(testbed: Bed) -> Iterator[Recovery]:
         doctor = bed.ssh("ct", DOCTOR, "check", "--server", "tiny-b", timeout=300)
         recover_args = (*extra, "-e", "recover_doctor=servers")
         blocked = bed.ansible(RECOVER, *recover_args)
+        # The server retries (Restart=on-failure) until its start limit, and each retry pulls in
+        # its stage (Wants=): a copy put back before that would be staged by the last retry, not
+        # by recover.yml. Wait for the limit, so recover.yml is what repairs the chain.
+        wait_failed(bed, ["tiny-b"])
         back = bed.ssh("ct", "mv", KEPT, COPY)
         assert back.returncode == 0, back.stderr
         recover = bed.ansible(RECOVER, *recover_args)

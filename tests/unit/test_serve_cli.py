@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import json
 import socket
 import subprocess
 import sys
@@ -101,3 +102,81 @@ def test_help_lists_the_commands_and_exit_codes() -> None:
     assert proc.returncode == 0
     for word in ("switch", "status", "wait-ready", "preflight", "Exit codes"):
         assert word in proc.stdout
+
+
+def completing(answer: dict[str, object]) -> Iterator[tuple[int, list[dict[str, object]]]]:
+    """A real HTTP server: /health answers 200, POST /v1/completions answers `answer` and
+    keeps each request's body."""
+    bodies: list[dict[str, object]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", "0"))
+            bodies.append(json.loads(self.rfile.read(length)))
+            data = json.dumps(answer).encode()
+            self.send_response(200 if self.path == "/v1/completions" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield int(server.server_address[1]), bodies
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def answering() -> Iterator[tuple[int, list[dict[str, object]]]]:
+    answer = {"choices": [{"text": " world"}], "usage": {"completion_tokens": 1}}
+    yield from completing(answer)
+
+
+@pytest.fixture
+def answering_nothing() -> Iterator[tuple[int, list[dict[str, object]]]]:
+    yield from completing({"choices": [], "usage": {"completion_tokens": 0}})
+
+
+def test_smoke_waits_for_readiness_and_asks_a_real_completion(
+    tmp_path: Path, answering: tuple[int, list[dict[str, object]]]
+) -> None:
+    port, bodies = answering
+    spec = spec_with_port(tmp_path, port)
+    proc = run("smoke", "qwen-tp4-dflash", "--spec", spec, "--json", "--prompt", "Hi")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    row = json.loads(proc.stdout)["result"]["servers"][0]
+    assert row["name"] == "qwen-tp4-dflash" and row["ok"] is True
+    assert row["ready_url"] == f"http://127.0.0.1:{port}/health"
+    assert row["completion_status"] == 200 and row["completion_tokens"] == 1
+    assert bodies == [
+        {"model": bodies[0]["model"], "prompt": "Hi", "max_tokens": 1, "temperature": 0}
+    ]
+    assert bodies[0]["model"]
+
+
+def test_smoke_fails_on_an_answer_without_a_completion(
+    tmp_path: Path, answering_nothing: tuple[int, list[dict[str, object]]]
+) -> None:
+    port, _ = answering_nothing
+    proc = run("smoke", "qwen-tp4-dflash", "--spec", spec_with_port(tmp_path, port))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "answered without a completion: no choices in the answer" in proc.stdout
+    assert "journalctl -u ct200-server-qwen-tp4-dflash.service" in proc.stdout
+
+
+def test_smoke_of_a_server_that_does_not_serve_asks_no_completion(tmp_path: Path) -> None:
+    port = free_port()
+    spec = spec_with_port(tmp_path, port)
+    proc = run("smoke", "qwen-tp4-dflash", "--spec", spec, "--timeout", "0.3", "--json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    row = json.loads(proc.stdout)["result"]["servers"][0]
+    assert row["ok"] is False and row["completion_status"] is None
+    assert f"GET http://127.0.0.1:{port}/health last got" in row["error"]
