@@ -176,6 +176,10 @@ def step_of(kind: str, name: str, unit: str, props: Mapping[str, str], zero: int
         state = "failed"
     else:
         state = "off"
+        # Why it did not run at this boot: a disabled unit is not pulled in by its target.
+        file_state = props.get("UnitFileState", "")
+        if file_state and file_state not in ("enabled", "enabled-runtime", "static"):
+            detail += f", {file_state}"
     failed_at = failed_command(props) if kind == "server" and state == "failed" else ""
     return Step(
         kind,

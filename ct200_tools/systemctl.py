@@ -2,10 +2,12 @@
 ct200-serve (serve/systemd.py) both need: argv with the properties asked, and the KEY=VALUE
 blocks by unit. No D-Bus library: the format is stable, one block per unit, in the order asked.
 Kept apart from both, so ct200-serve (inside every unit start) does not import the probes.
+Standard library only: the host's chain (hostchain.py) runs it on the PVE host too.
 """
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Sequence
 
 
@@ -36,3 +38,15 @@ def show_blocks(text: str, units: Sequence[str]) -> dict[str, dict[str, str]]:
             name = units[i]  # an alias resolved to another Id: keep the name asked for
         out[name] = block
     return out
+
+
+def run_argv(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+    try:
+        proc = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return 124, "", f"{argv[0]} {argv[1] if len(argv) > 1 else ''} ran over {timeout:.0f} s"
+    except FileNotFoundError:
+        return 127, "", f"{argv[0]}: not found (not a systemd machine?)"
+    return proc.returncode, proc.stdout, proc.stderr

@@ -6,12 +6,11 @@ asked, and start/stop block until the job is done, which is what a switch wants 
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ct200_tools.systemctl import show_argv, show_blocks
+from ct200_tools.systemctl import run_argv, show_argv, show_blocks
 
 #: Runs argv with a timeout (seconds); returns (exit status, stdout, stderr).
 Run = Callable[[Sequence[str], float], tuple[int, str, str]]
@@ -20,18 +19,6 @@ SHOW_PROPERTIES: Final = ("Id", "LoadState", "ActiveState", "SubState", "Result"
 #: States in which a unit holds (or is about to hold) its GPUs and port.
 RUNNING: Final = ("active", "activating", "reloading", "deactivating")
 QUICK_S: Final = 30.0
-
-
-def run_argv(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
-    try:
-        proc = subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired:
-        return 124, "", f"{argv[0]} {argv[1] if len(argv) > 1 else ''} ran over {timeout:.0f} s"
-    except FileNotFoundError:
-        return 127, "", f"{argv[0]}: not found (not a systemd machine?)"
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 @dataclass(frozen=True)
