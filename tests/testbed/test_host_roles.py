@@ -38,6 +38,10 @@ pytestmark = pytest.mark.testbed
 HOST = "playbooks/host.yml"
 PVE = hostname("pve")
 UNITS = ("ct200-host-devices.service", "ct200-pcie-tune.service")
+#: roles/host_boot_report: the report of those units at every boot, and its program.
+REPORT_UNIT = "ct200-host-boot-report.service"
+HOST_CHAIN = "/usr/local/sbin/ct200-host-chain"
+HOST_TEXTFILE = "/var/lib/prometheus/node-exporter/ct200_host_boot.prom"
 FIXTURES = REPO / "tests/fixtures"
 WORK = "/root/ct200-host-test"
 NODES = [f"/dev/nvidia{i}" for i in range(8)] + [
@@ -240,7 +244,7 @@ def host(testbed: Bed) -> Iterator[Host]:
             proc = bed.ssh("pve", *argv)
             return proc.returncode, proc.stdout, proc.stderr
 
-        verify = units.verify([f"/etc/systemd/system/{u}" for u in UNITS], run)
+        verify = units.verify([f"/etc/systemd/system/{u}" for u in (*UNITS, REPORT_UNIT)], run)
         # A boot, short of rebooting: the units inactive, then what boot starts; the journal of
         # exactly those runs (by their invocation ids).
         sh(bed, f"systemctl stop {' '.join(UNITS)}")
@@ -291,12 +295,14 @@ def restore(bed: Bed, conf_200: str) -> None:
         "pve",
         "sh",
         "-c",
-        f"systemctl disable --now {' '.join(UNITS)} ct200-test-lock.service 2>/dev/null;"
-        f" systemctl reset-failed {' '.join(UNITS)} 2>/dev/null;"
+        f"systemctl disable --now {' '.join(UNITS)} {REPORT_UNIT} ct200-test-lock.service"
+        " 2>/dev/null;"
+        f" systemctl reset-failed {' '.join(UNITS)} {REPORT_UNIT} 2>/dev/null;"
         " rm -f /etc/systemd/system/ct200-host-devices.service"
         " /etc/systemd/system/ct200-pcie-tune.service /usr/local/sbin/ct200-host-devices"
         " /usr/local/sbin/ct200-pcie-tune /etc/modules-load.d/ct200-nvidia.conf"
-        " /etc/sysctl.d/60-ct200.conf;"
+        f" /etc/sysctl.d/60-ct200.conf /etc/systemd/system/{REPORT_UNIT} {HOST_CHAIN}"
+        f" {HOST_TEXTFILE}; rm -rf /usr/local/lib/ct200-host;"
         f" rm -rf /etc/ct200 {WORK}; rm -f /etc/pve/lxc/2[1-9][0-9].conf;"
         " systemctl daemon-reload",
     )
@@ -338,6 +344,10 @@ def test_converge(host: Host) -> None:
         "+ /usr/local/sbin/ct200-pcie-tune",
         "+ /etc/modules-load.d/ct200-nvidia.conf",
         "+ /etc/sysctl.d/60-ct200.conf",
+        f"+ /etc/systemd/system/{REPORT_UNIT}",
+        f"+ /etc/systemd/system/multi-user.target.wants/{REPORT_UNIT}",
+        f"+ {HOST_CHAIN}",
+        "+ /usr/local/lib/ct200-host/ct200_tools/hostchain.py",
         "~ /etc/pve/lxc/200.conf",
     ):
         assert path in added, "\n".join(added)
