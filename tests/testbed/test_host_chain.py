@@ -14,6 +14,10 @@ systemd boots anew); the `ct` machine keeps running.
 3. recover.yml's host part (`--tags recover_host`; its container part needs the container
    provisioned, which tests/testbed/test_recovery.py does) enables the unit and runs it;
    ct200-host-chain then says good, and a second run changes nothing.
+4. A unit that runs and fails: a STAND-IN NVIDIA GPU on the PCI bus (a vendor 0x10de, display
+   class entry in a tree the script reads through CT200_SYSFS_PCI, set by a drop-in), reboot: the
+   real script finds the GPU, cannot load the driver pve does not have, says so and exits 1; the
+   report names the unit as failed and quotes that reason from this boot's journal.
 """
 
 from __future__ import annotations
@@ -40,6 +44,17 @@ STOPPED = (
     f'unit="{DEVICES}",state="off",failed_at=""}} 1'
 )
 PROPS = "ActiveState,Result,UnitFileState,InvocationID,ExecMainStatus"
+#: The stand-in GPU's PCI tree and the drop-in that points the boot script at it.
+FAKE_PCI = "/root/ct200-host-chain-test/pci"
+DROP_IN = f"/etc/systemd/system/{DEVICES}.d/ct200-test-standin-gpu.conf"
+STANDIN_GPU = f"""
+set -e
+mkdir -p {FAKE_PCI}/0000:01:00.0 {DROP_IN.rsplit("/", 1)[0]}
+echo 0x10de > {FAKE_PCI}/0000:01:00.0/vendor
+echo 0x030200 > {FAKE_PCI}/0000:01:00.0/class
+printf '[Service]\nEnvironment=CT200_SYSFS_PCI={FAKE_PCI}\n' > {DROP_IN}
+systemctl daemon-reload
+"""
 
 
 def show(bed: Bed, unit: str) -> dict[str, str]:
@@ -100,6 +115,7 @@ class HostChain:
     devices_after: dict[str, str]
     chain_after: tuple[int, dict[str, Any]]
     again: AnsibleRun
+    failed: Boot
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +133,18 @@ def host_chain_run(testbed: Bed) -> Iterator[HostChain]:
         devices_after = show(bed, DEVICES)
         chain_after = host_chain(bed)
         again = bed.ansible(RECOVER, "--tags", "recover_host")
-        yield HostChain(converge, good, broken, recover, devices_after, chain_after, again)
+        standin = bed.ssh("pve", "sh", "-c", STANDIN_GPU)
+        assert standin.returncode == 0, standin.stderr
+        failed = Boot.cycle(bed)
+        yield HostChain(converge, good, broken, recover, devices_after, chain_after, again, failed)
     finally:
+        bed.ssh(
+            "pve",
+            "sh",
+            "-c",
+            f"rm -rf {DROP_IN.rsplit('/', 1)[0]} {FAKE_PCI.rsplit('/', 1)[0]};"
+            " systemctl daemon-reload",
+        )
         restore(bed, conf_200)
 
 
@@ -186,3 +212,18 @@ def test_a_second_recover_changes_nothing(host_chain_run: HostChain) -> None:
     changed = {host: st["changed"] for host, st in run.stats.items() if st["changed"]}
     assert not changed, run.describe()
     assert PVE in run.stats
+
+
+def test_a_failed_boot_unit_shows_failed_with_its_reason(host_chain_run: HostChain) -> None:
+    f = host_chain_run.failed
+    assert f.booted == ["pve"]
+    assert (f.devices["ActiveState"], f.devices["Result"]) == ("failed", "exit-code"), f.devices
+    reason = "ct200-host-devices: cannot load nvidia: is the NVIDIA driver installed"
+    assert reason in f.devices_journal, f.devices_journal
+    assert "ct200_boot_chain_ok 0" in f.textfile
+    assert STOPPED.replace('state="off"', 'state="failed"') in f.textfile, f.textfile
+    journal = f.report_journal
+    assert f"stopped at: host host-devices ({DEVICES}): failed" in journal, journal
+    assert reason in journal, journal  # this boot's journal lines of the failed unit
+    assert f"fix: journalctl -b -u {DEVICES} says why" in journal, journal
+    assert f.chain_rc == 1 and f.chain["stopped_at"]["name"] == "host-devices", f.chain
