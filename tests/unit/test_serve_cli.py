@@ -9,13 +9,19 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
+from ct200_tools import serving
+from ct200_tools.cli import serve
+from ct200_tools.serve import systemd
+from tests.server_sites import llama_site
 from tests.unit.spec_helpers import changed
+from tests.unit.test_chain import MANAGER, block
 
 SERVE = str(Path(sys.executable).parent / "ct200-serve")
 
@@ -195,14 +201,6 @@ def chain_in_process(
 ) -> tuple[int, dict[str, Any]]:
     """`ct200-serve chain --json --smoke` on the testbed's llama site, `tiny` on `port`, with
     systemd saying its stage is active and its server `server_state`."""
-    from click.testing import CliRunner
-
-    from ct200_tools import serving
-    from ct200_tools.cli import serve
-    from ct200_tools.serve import systemd
-    from tests.server_sites import llama_site
-    from tests.unit.test_chain import MANAGER, block
-
     site = llama_site()
     site["servers"][0].update(port=port, command=[*site["servers"][0]["command"][:-1], str(port)])
     spec = tmp_path / "site.yml"
@@ -221,6 +219,7 @@ def chain_in_process(
     real = serving.current
     no_state = str(tmp_path / "serving.json")  # none: the spec's enabled flags rule
     monkeypatch.setattr(serving, "current", lambda s, path=no_state: real(s, path))
+
     class Recorded(systemd.Systemd):
         def __init__(self, run: object = None) -> None:
             super().__init__(show)
