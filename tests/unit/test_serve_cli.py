@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -209,7 +209,7 @@ def chain_in_process(
         "ct200-server-tiny.service", server_state, "running", 2.5, 4.25
     )
 
-    def show(argv: list[str] | tuple[str, ...], timeout: float) -> tuple[int, str, str]:
+    def show(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
         if argv[-1].endswith(".service"):
             return 0, units, ""
         if argv[0] == "journalctl":
