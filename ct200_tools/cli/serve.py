@@ -26,6 +26,7 @@ Examples:
   ct200-serve switch qwen-tp4-ddtree qwen-tp4-dflash --json
   ct200-serve switch kimi-tp8 --exact --dry-run   the plan alone; serve kimi-tp8 and nothing else
   ct200-serve chain                           after a reboot: where the boot chain stopped
+  ct200-serve chain --smoke --json            ... and, when it serves, a completion from each
   ct200-serve smoke                           each server of the set: ready, and a completion
 
 \b
