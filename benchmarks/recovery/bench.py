@@ -14,10 +14,25 @@ serving `tiny`), and per run:
    copy removed, `systemctl start` of its staging unit), and the server's load alone
    (`systemctl start` of its unit with its model staged). Goal: boot to serving at most
    floor + load + 60 s;
-3. recover.yml on the good machine against a play of the same number of no-op tasks per host,
-   of the same kind (task_counts): a `/bin/true` for each task that ran a module on the host
-   (each loop item counted), a controller-side set_fact for each set_fact, debug and assert;
-   the tasks recover.yml skipped are not counted. Interleaved. Goal: ratio at most 1.0.
+3. recover.yml on the good machine against Ansible's own floor: per host, a play of as many
+   no-op tasks as recover.yml had there, of the same kind (task_counts), counted from the
+   callback's record of a first recover.yml run; interleaved run by run with recover.yml. Two
+   floors, from the same record:
+   - the issue's ("a play of the same number of no-op tasks"): every task recover.yml went
+     through on the host, skipped ones included (a skipped task is a task of the play, even if
+     its condition spared the round trip); a loop counts its items as the loop had them at run
+     time (at least 1: a loop over nothing is still one task);
+   - strict: only the tasks that executed (status ok or changed), loop items one by one; skipped
+     tasks ran nothing and are not counted. A lower floor: recover.yml must beat a play that
+     has none of its skipped tasks.
+   In both, a task whose action runs on the controller alone (set_fact, debug, assert, fail,
+   and the argument check a role's argument_specs adds: LOCAL_ACTIONS) becomes a
+   controller-side `set_fact`, every other one (command, uri, the lxc_passthrough module,
+   wait_for_connection, which is recorded on pve and delegated to ct) an
+   `ansible.builtin.command: /bin/true` on that host; structure (include/import, meta:
+   STRUCTURE) runs no module and is not counted. Every recover.yml run must report changed=0.
+   Goal: recover.yml at most the issue's floor (ratio at most 1.0); the strict ratio is always
+   reported beside it.
 """
 
 from __future__ import annotations
@@ -44,7 +59,7 @@ from tests.server_sites import prepare_ct
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BIN = "/opt/ct200/venv/bin"
 SERVER, MODEL, PORT = "tiny", "tiny-a", 8081
 #: Seconds the goal allows on top of the floor and the server's load.
@@ -171,9 +186,9 @@ class Bench:
 
 
 def noop_playbook(counts: dict[str, dict[str, int]], path: Path) -> None:
-    """One play per host with as many no-op tasks as recover.yml ran there, of the same kind: a
-    `/bin/true` for each task that ran a module on the host (a round trip), a controller-side
-    `set_fact` for each that ran on the controller alone (set_fact, debug, assert)."""
+    """One play per host with as many no-op tasks as counted there (task_counts), of the same
+    kind: a `/bin/true` for each remote task (a round trip), a controller-side `set_fact` for
+    each that runs on the controller alone (set_fact, debug, assert, fail)."""
     plays = []
     for host, n in sorted(counts.items()):
         remote = [
@@ -199,10 +214,11 @@ def noop_playbook(counts: dict[str, dict[str, int]], path: Path) -> None:
 
 #: Actions that run on the controller alone (no round trip to the host): each is mirrored by a
 #: controller-side no-op (set_fact), not by a `/bin/true` that would make the floor easier.
+#: validate_argument_spec is the check a role's meta/argument_specs.yml adds before its tasks.
 LOCAL_ACTIONS = frozenset(
     f"{prefix}{name}"
     for prefix in ("", "ansible.builtin.")
-    for name in ("set_fact", "debug", "assert", "fail")
+    for name in ("set_fact", "debug", "assert", "fail", "validate_argument_spec")
 )
 #: Structure, not work: imports are resolved at parse time and include_role/meta run no module.
 STRUCTURE = frozenset(
@@ -212,17 +228,30 @@ STRUCTURE = frozenset(
 )
 
 
-def task_counts(report: dict[str, Any]) -> dict[str, dict[str, int]]:
-    """Per host, the tasks recover.yml executed: remote (ran a module on the host; loop items
-    counted one by one) and controller (ran on the controller alone). Skipped tasks ran nothing
-    and are not counted; neither are structural ones (STRUCTURE)."""
+#: The two floors: the issue's counts every task recover.yml went through; strict only those
+#: that executed.
+FLOORS = ("issue", "strict")
+EXECUTED = ("ok", "changed")
+
+
+def task_counts(report: dict[str, Any], floor: str) -> dict[str, dict[str, int]]:
+    """Per host, recover.yml's tasks: remote (a module on the host) and controller (on the
+    controller alone: LOCAL_ACTIONS). floor "issue": every task the play went through, skipped
+    ones included, a loop as many as its items at run time (at least 1); floor "strict": only
+    the tasks that executed (ok or changed), a loop as many as its items. Structural tasks
+    (STRUCTURE) run no module and are never counted."""
+    if floor not in FLOORS:
+        raise ValueError(f"floor {floor!r}: one of {FLOORS}")
     counts: dict[str, Counter[str]] = {}
     for r in report["results"]:
         action = r.get("action")
-        if r["status"] not in ("ok", "changed") or action in STRUCTURE:
+        if action in STRUCTURE or (floor == "strict" and r["status"] not in EXECUTED):
             continue
         kind = "controller" if action in LOCAL_ACTIONS else "remote"
-        counts.setdefault(r["host"], Counter())[kind] += int(r.get("items", 1))
+        items = int(r.get("items", 1))
+        if floor == "issue":
+            items = max(items, 1)  # a loop over nothing is still one task
+        counts.setdefault(r["host"], Counter())[kind] += items
     return {host: dict(c) for host, c in counts.items()}
 
 
@@ -242,25 +271,29 @@ def measure(runs: int, workdir: Path) -> dict[str, Any]:
         boots = [bench.boot() for _ in range(runs)]
         recover_args = (*extra, "-e", "recover_doctor=servers")
         _, first = bench.playbook("playbooks/recover.yml", *recover_args)
-        counts = task_counts(first)
-        noop = workdir / "noop.yml"
-        noop_playbook(counts, noop)
-        recover_s, noop_s = [], []
+        counts = {floor: task_counts(first, floor) for floor in FLOORS}
+        plays = {floor: workdir / f"noop-{floor}.yml" for floor in FLOORS}
+        for floor, path in plays.items():
+            noop_playbook(counts[floor], path)
+        recover_s: list[float] = []
+        noop_s: dict[str, list[float]] = {floor: [] for floor in FLOORS}
         for _ in range(runs):
             seconds, report = bench.playbook("playbooks/recover.yml", *recover_args)
             changed = sum(s["changed"] for s in report["stats"].values())
             if changed:
                 sys.exit(f"bench: recover.yml changed {changed} thing(s) on a good machine")
             recover_s.append(seconds)
-            noop_s.append(bench.playbook(str(noop))[0])
+            for floor, path in plays.items():
+                noop_s[floor].append(bench.playbook(str(path))[0])
+    (workdir / "recover-first-run.json").write_text(json.dumps(first, indent=1))
     return summarize(boots, recover_s, noop_s, counts, runs)
 
 
 def summarize(
     boots: list[dict[str, Any]],
     recover_s: list[float],
-    noop_s: list[float],
-    counts: dict[str, dict[str, int]],
+    noop_s: dict[str, list[float]],
+    counts: dict[str, dict[str, dict[str, int]]],
     runs: int,
 ) -> dict[str, Any]:
     steps = {k: median([b["steps"][k] for b in boots]) for k in boots[0]["steps"]}
@@ -269,7 +302,9 @@ def summarize(
     total = steps["total"]
     container = median([b["container_start_to_serving_s"] for b in boots])
     goal = round(floor + load + SLACK_S, 3)
-    rec, nop = median(recover_s), median(noop_s)
+    rec = median(recover_s)
+    noop = {f: median(noop_s[f]) for f in FLOORS}
+    ratio = {f: round(rec / noop[f], 3) if noop[f] else None for f in FLOORS}
     return {
         "schema_version": SCHEMA_VERSION,
         "runs": runs,
@@ -281,10 +316,17 @@ def summarize(
         "goal_floor_plus_load_plus_60_s": goal,
         "boot_within_goal": total <= goal,
         "recover_good_machine_s": rec,
-        "noop_same_task_count_s": nop,
-        "noop_tasks_per_host": counts,
-        "ratio_recover_to_noop": round(rec / nop, 3) if nop else None,
-        "recover_within_goal": rec <= nop,
+        # The issue's floor: every task recover.yml went through, skipped ones included.
+        "noop_issue_s": noop["issue"],
+        "noop_issue_tasks_per_host": counts["issue"],
+        "ratio_recover_to_noop_issue": ratio["issue"],
+        # The strict floor: only the tasks recover.yml executed (ok or changed).
+        "noop_strict_s": noop["strict"],
+        "noop_strict_tasks_per_host": counts["strict"],
+        "ratio_recover_to_noop_strict": ratio["strict"],
+        # The goal, judged against the issue's floor; the strict one beside it.
+        "recover_within_goal": rec <= noop["issue"],
+        "recover_within_strict_floor": rec <= noop["strict"],
     }
 
 
@@ -299,12 +341,23 @@ def text(result: dict[str, Any]) -> str:
         "goal_floor_plus_load_plus_60_s",
         "boot_within_goal",
         "recover_good_machine_s",
-        "noop_same_task_count_s",
-        "noop_tasks_per_host",
-        "ratio_recover_to_noop",
+        "noop_issue_s",
+        "noop_issue_tasks_per_host",
+        "ratio_recover_to_noop_issue",
+        "noop_strict_s",
+        "noop_strict_tasks_per_host",
+        "ratio_recover_to_noop_strict",
         "recover_within_goal",
+        "recover_within_strict_floor",
     ):
         lines.append(f"{key}: {result[key]}")
+    goal = "met" if result["recover_within_goal"] else "NOT met"
+    lines.append(
+        f"recover.yml {result['recover_good_machine_s']} s against the issue's floor "
+        f"{result['noop_issue_s']} s (ratio {result['ratio_recover_to_noop_issue']}, goal 1.0: "
+        f"{goal}); strict floor {result['noop_strict_s']} s (ratio "
+        f"{result['ratio_recover_to_noop_strict']})"
+    )
     lines.append(
         f"reproduce: sudo .venv/bin/python -m benchmarks.recovery.bench --runs {result['runs']}"
     )
@@ -321,10 +374,13 @@ def main() -> int:
         parser.error("--runs must be at least 1")
     with tempfile.TemporaryDirectory(prefix="ct200-bench-recovery-") as tmp:
         result = measure(args.runs, Path(tmp))
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-        (args.out / "results.txt").write_text(text(result))
+        if args.out is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+            (args.out / "results.txt").write_text(text(result))
+            # Where the seconds go: the callback's record of the run the floors were counted from.
+            first = Path(tmp) / "recover-first-run.json"
+            (args.out / first.name).write_bytes(first.read_bytes())
     print(json.dumps(result, indent=1) if args.json else text(result), end="")
     return 0
 

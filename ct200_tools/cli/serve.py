@@ -26,6 +26,7 @@ Examples:
   ct200-serve switch qwen-tp4-ddtree qwen-tp4-dflash --json
   ct200-serve switch kimi-tp8 --exact --dry-run   the plan alone; serve kimi-tp8 and nothing else
   ct200-serve chain                           after a reboot: where the boot chain stopped
+  ct200-serve chain --smoke --json            ... and, when it serves, a completion from each
   ct200-serve smoke                           each server of the set: ready, and a completion
 
 \b
@@ -67,6 +68,49 @@ def _server(site: SiteSpec, name: str) -> ServerSpec:
 
 def _json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")(fn)
+
+
+def _smoke_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The smoke test's bounds and prompt: `smoke` and `chain --smoke` take the same."""
+    for option in reversed(
+        (
+            click.option(
+                "--timeout",
+                type=click.FloatRange(min=0.1),
+                default=60.0,
+                show_default=True,
+                help="Seconds each server may take to answer its readiness path.",
+            ),
+            click.option(
+                "--completion-timeout",
+                type=click.FloatRange(min=0.1),
+                default=120.0,
+                show_default=True,
+                help="Seconds each 1-token completion may take.",
+            ),
+            click.option(
+                "--prompt", default="Hello", show_default=True, help="The completion's prompt."
+            ),
+        )
+    ):
+        fn = option(fn)
+    return fn
+
+
+def _smoke_lines(got: Sequence[Any]) -> list[str]:
+    from ct200_tools import engines  # noqa: PLC0415
+
+    lines = []
+    for g in got:
+        if g.ok and g.completion is not None:
+            lines.append(
+                f"ct200-serve smoke {g.name}: ok: ready after {g.ready.seconds:.2f} s, "
+                f"{g.completion.tokens} token(s) in {g.completion.duration_s} s"
+            )
+        else:
+            lines.append(f"ct200-serve smoke {g.name}: {g.why}")
+            lines.append(f"  fix: journalctl -u {engines.unit_name(g.name)} says why")
+    return lines
 
 
 def _emit(command: str, ok: bool, result: dict[str, object]) -> None:
@@ -192,15 +236,34 @@ def status(spec_path: str | None, as_json: bool) -> None:
     show_default=True,
     help="Where the chain stopped, also print `ct200-doctor gate` of the server it blocks.",
 )
-def chain(spec_path: str | None, as_json: bool, textfile: str | None, doctor: bool) -> None:
+@click.option(
+    "--smoke",
+    "with_smoke",
+    is_flag=True,
+    help="When the chain serves, also smoke-test each server of the serving set in this "
+    "process, as `ct200-serve smoke` does (the report's smoke; null when not run).",
+)
+@_smoke_options
+def chain(
+    spec_path: str | None,
+    as_json: bool,
+    textfile: str | None,
+    doctor: bool,
+    with_smoke: bool,
+    timeout: float,
+    completion_timeout: float,
+    prompt: str,
+) -> None:
     """Where the boot chain got to: each stage and server of the serving set in start order,
     its state and times since the container started, and the step where it stopped.
-    Exit 0 serving, 1 stopped (or still starting)."""
+    Exit 0 serving (with --smoke: and each server answered), 1 stopped (or still starting), or
+    a server did not answer the smoke test."""
     import time  # noqa: PLC0415
 
     from ct200_tools import serving  # noqa: PLC0415
     from ct200_tools.fsutil import write_atomic  # noqa: PLC0415
     from ct200_tools.serve import chain as ch  # noqa: PLC0415
+    from ct200_tools.serve.smoke import smoke as run_smoke  # noqa: PLC0415
     from ct200_tools.serve.systemd import Systemd  # noqa: PLC0415
     from ct200_tools.spec import find_spec  # noqa: PLC0415
 
@@ -213,8 +276,27 @@ def chain(spec_path: str | None, as_json: bool, textfile: str | None, doctor: bo
     gated, doctor_lines = (
         ch.ask_doctor(site, chosen, got, str(path)) if doctor and path else (None, [])
     )
+    # Only a chain that serves is smoke-tested: one that stopped is for recover.yml to repair
+    # first, and its servers would fail the test for the reason the chain already names.
+    started = time.monotonic()
+    smoked = (
+        run_smoke(chosen.servers, timeout, completion_timeout, prompt)
+        if with_smoke and got.ok
+        else None
+    )
+    smoke_s = time.monotonic() - started
+    ok = got.ok and all(g.ok for g in smoked or ())
     if as_json:
-        _emit("chain", got.ok, {**got.to_dict(), "doctor": doctor_lines})
+        smoke_report = (
+            None
+            if smoked is None
+            else {
+                "seconds": round(smoke_s, 3),
+                "ready_seconds": round(sum(g.ready.seconds for g in smoked), 3),
+                "servers": [g.to_dict() for g in smoked],
+            }
+        )
+        _emit("chain", ok, {**got.to_dict(), "doctor": doctor_lines, "smoke": smoke_report})
     else:
         for line in ch.lines(got):
             click.echo(line)
@@ -222,9 +304,11 @@ def chain(spec_path: str | None, as_json: bool, textfile: str | None, doctor: bo
             click.echo(f"the doctor on {gated} (ct200-doctor gate {gated}):")
             for line in doctor_lines:
                 click.echo(f"  {line}")
+        for line in _smoke_lines(smoked or ()):
+            click.echo(line)
         if textfile:
             click.echo(f"report: {textfile}")
-    sys.exit(Exit.OK if got.ok else Exit.FAILED)
+    sys.exit(Exit.OK if ok else Exit.FAILED)
 
 
 @cli.command("wait-ready")
@@ -276,21 +360,7 @@ def wait_ready(name: str, spec_path: str | None, timeout: float | None) -> None:
 @cli.command()
 @click.argument("names", nargs=-1, metavar="[NAME...]")
 @spec_option
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0.1),
-    default=60.0,
-    show_default=True,
-    help="Seconds each server may take to answer its readiness path.",
-)
-@click.option(
-    "--completion-timeout",
-    type=click.FloatRange(min=0.1),
-    default=120.0,
-    show_default=True,
-    help="Seconds each 1-token completion may take.",
-)
-@click.option("--prompt", default="Hello", show_default=True, help="The completion's prompt.")
+@_smoke_options
 @_json_option
 def smoke(
     names: tuple[str, ...],
@@ -302,7 +372,7 @@ def smoke(
 ) -> None:
     """Each server NAME... (default: the serving set) answers its readiness path and a real
     1-token completion through its OpenAI API. Exit 0 all did, 1 one did not."""
-    from ct200_tools import engines, serving  # noqa: PLC0415
+    from ct200_tools import serving  # noqa: PLC0415
     from ct200_tools.serve.smoke import smoke as run_smoke  # noqa: PLC0415
 
     site = _load(spec_path)
@@ -312,15 +382,8 @@ def smoke(
     if as_json:
         _emit("smoke", ok, {"servers": [g.to_dict() for g in got]})
     else:
-        for g in got:
-            if g.ok and g.completion is not None:
-                click.echo(
-                    f"ct200-serve smoke {g.name}: ok: ready after {g.ready.seconds:.2f} s, "
-                    f"{g.completion.tokens} token(s) in {g.completion.duration_s} s"
-                )
-            else:
-                click.echo(f"ct200-serve smoke {g.name}: {g.why}")
-                click.echo(f"  fix: journalctl -u {engines.unit_name(g.name)} says why")
+        for line in _smoke_lines(got):
+            click.echo(line)
         if not got:
             click.echo("ct200-serve smoke: the serving set is empty")
     sys.exit(Exit.OK if ok else Exit.FAILED)

@@ -8,13 +8,20 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
+from ct200_tools import serving
+from ct200_tools.cli import serve
+from ct200_tools.serve import systemd
+from tests.server_sites import llama_site
 from tests.unit.spec_helpers import changed
+from tests.unit.test_chain import MANAGER, block
 
 SERVE = str(Path(sys.executable).parent / "ct200-serve")
 
@@ -180,3 +187,88 @@ def test_smoke_of_a_server_that_does_not_serve_asks_no_completion(tmp_path: Path
     row = json.loads(proc.stdout)["result"]["servers"][0]
     assert row["ok"] is False and row["completion_status"] is None
     assert f"GET http://127.0.0.1:{port}/health last got" in row["error"]
+
+
+# -- chain --smoke: the chain read and, when it serves, the smoke test in one process -----------
+#
+# This machine runs no systemd as PID 1 and has no ct200 units, so `systemctl show` is a stand-in
+# with systemd 252's output (tests/unit/test_chain.py's blocks); the servers are real HTTP
+# servers, asked over the network as the real ones are.
+
+
+def chain_in_process(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, port: int, server_state: str
+) -> tuple[int, dict[str, Any]]:
+    """`ct200-serve chain --json --smoke` on the testbed's llama site, `tiny` on `port`, with
+    systemd saying its stage is active and its server `server_state`."""
+    site = llama_site()
+    site["servers"][0].update(port=port, command=[*site["servers"][0]["command"][:-1], str(port)])
+    spec = tmp_path / "site.yml"
+    spec.write_text(yaml.safe_dump({"ct200_site": site}))
+    units = block("ct200-stage@tiny-a.service", "active", "exited", 2.0, 2.5) + block(
+        "ct200-server-tiny.service", server_state, "running", 2.5, 4.25
+    )
+
+    def show(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+        if argv[-1].endswith(".service"):
+            return 0, units, ""
+        if argv[0] == "journalctl":
+            return 0, "", ""
+        return 0, MANAGER, ""
+
+    real = serving.current
+    no_state = str(tmp_path / "serving.json")  # none: the spec's enabled flags rule
+    monkeypatch.setattr(serving, "current", lambda s, path=no_state: real(s, path))
+
+    class Recorded(systemd.Systemd):
+        def __init__(self, run: object = None) -> None:
+            super().__init__(show)
+
+    monkeypatch.setattr(systemd, "Systemd", Recorded)
+    args = ["chain", "--spec", str(spec), "--json", "--no-doctor", "--smoke", "--timeout", "0.5"]
+    got = CliRunner().invoke(serve.cli, [*args, "--prompt", "Hi"])
+    assert got.exception is None or isinstance(got.exception, SystemExit), got.exception
+    return got.exit_code, json.loads(got.output)
+
+
+def test_chain_smoke_tests_a_serving_chain_in_the_same_process(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    answering: tuple[int, list[dict[str, object]]],
+) -> None:
+    port, bodies = answering
+    rc, got = chain_in_process(monkeypatch, tmp_path, port, "active")
+    assert rc == 0 and got["ok"] is True, got
+    assert got["result"]["ok"] is True and got["result"]["serving"] == ["tiny"]
+    smoke = got["result"]["smoke"]
+    assert [row["name"] for row in smoke["servers"]] == ["tiny"]
+    row = smoke["servers"][0]
+    assert row["ok"] is True and row["completion_tokens"] == 1
+    assert row["ready_url"] == f"http://127.0.0.1:{port}/health"
+    assert smoke["seconds"] >= smoke["ready_seconds"] >= 0
+    assert [b["prompt"] for b in bodies] == ["Hi"]
+
+
+def test_chain_smoke_fails_when_a_serving_chain_does_not_complete(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    answering_nothing: tuple[int, list[dict[str, object]]],
+) -> None:
+    port, _ = answering_nothing
+    rc, got = chain_in_process(monkeypatch, tmp_path, port, "active")
+    assert rc == 1 and got["ok"] is False, got
+    assert got["result"]["ok"] is True  # the chain itself serves: the smoke test failed
+    row = got["result"]["smoke"]["servers"][0]
+    assert row["ok"] is False and "no choices in the answer" in row["error"]
+
+
+def test_chain_smoke_asks_nothing_of_a_chain_that_stopped(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    answering: tuple[int, list[dict[str, object]]],
+) -> None:
+    port, bodies = answering
+    rc, got = chain_in_process(monkeypatch, tmp_path, port, "failed")
+    assert rc == 1 and got["result"]["ok"] is False
+    assert got["result"]["stopped_at"]["name"] == "tiny"
+    assert got["result"]["smoke"] is None and bodies == []

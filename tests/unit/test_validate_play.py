@@ -60,10 +60,12 @@ def playbook(tmp_path: Path, *, validate: int = 1) -> tuple[Path, Path]:
     return path, out
 
 
-def ansible(play: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def ansible(
+    play: Path, *args: str, inventory: Path = INVENTORY
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_RETRY_FILES_ENABLED": "0"}
     return subprocess.run(
-        [str(PLAYBOOK), "-i", str(INVENTORY), str(play), *args],
+        [str(PLAYBOOK), "-i", str(inventory), str(play), *args],
         capture_output=True,
         text=True,
         check=False,
@@ -160,3 +162,15 @@ def test_validate_imported_twice_validates_once(tmp_path: Path) -> None:
         ["skipping:", "[localhost]"],
     ], r.stdout
     assert json.loads(out.read_text())["models"]
+
+
+def test_an_inventory_without_a_spec_says_where_to_put_it(tmp_path: Path) -> None:
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    localhost:\n")
+    play, out = playbook(tmp_path)
+    r = ansible(play, inventory=inventory)
+    assert r.returncode != 0
+    assert "ct200_site is not defined for localhost." in r.stdout, r.stdout
+    assert "fix: pass your site's inventory with -i inventory/<site>" in r.stdout, r.stdout
+    assert "Traceback" not in r.stdout + r.stderr
+    assert not out.exists()

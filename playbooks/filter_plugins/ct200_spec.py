@@ -1,0 +1,61 @@
+"""ct200_validate_spec, the filter of playbooks/validate.yml: the site spec, sent as JSON
+(`ct200_site | to_json`, so Ansible has expanded every template and YAML alias), validated by
+ct200_tools.spec in the controller's own process (no interpreter started for it).
+
+Valid: one mapping for the play to export to the other plays:
+  site           the canonical spec (every field, sizes with their unit), as spec_to_dict writes it
+  needed_models  the models to stage, in spec order: SiteSpec.needed_models(), each as under models
+  warnings       the spec's warnings, one line each
+Invalid: the task fails with every issue (path, message, fix), one a line; no ct200_site (null):
+with where to put it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+from ct200_tools.spec import MAX_BYTES, SpecError, model_to_dict, spec_to_dict, validate
+
+SOURCE = "inventory ct200_site"
+NO_SPEC = (
+    "ct200_site is not defined for localhost.\n"
+    "fix: pass your site's inventory with -i inventory/<site> and put the site spec in its "
+    "group_vars (see inventory/ct200/group_vars/all/ct200_site.yml)."
+)
+
+
+def ct200_validate_spec(text: object) -> dict[str, Any]:
+    if not isinstance(text, str):
+        raise AnsibleFilterError(
+            "ct200_validate_spec: pass the spec as JSON (ct200_site | to_json)"
+        )
+    # Bounded like a spec file: Ansible expands YAML aliases before it writes the JSON.
+    if len(text) > 4 * MAX_BYTES:
+        raise AnsibleFilterError(
+            f"error: {SOURCE}: more than {4 * MAX_BYTES >> 10} KiB as JSON: not a site spec"
+        )
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # to_json wrote it, so a bug
+        raise AnsibleFilterError(f"error: {SOURCE}: not JSON: {exc}") from None
+    if data is None:
+        raise AnsibleFilterError(NO_SPEC)
+    try:
+        spec = validate(data, source=SOURCE)
+    except SpecError as exc:
+        lines = [f"{SOURCE} is not a valid site spec:"]
+        lines += [f"{issue.severity}: {issue}" for issue in exc.issues]
+        raise AnsibleFilterError("\n".join(lines)) from None
+    return {
+        "site": spec_to_dict(spec),
+        "needed_models": [model_to_dict(m) for m in spec.needed_models()],
+        "warnings": [str(w) for w in spec.warnings],
+    }
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {"ct200_validate_spec": ct200_validate_spec}
