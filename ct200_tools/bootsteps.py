@@ -134,7 +134,8 @@ def since(props: Mapping[str, str], key: str, zero: int) -> float | None:
     """A monotonic timestamp of `systemctl show` as seconds after ``zero`` (the manager's
     UserspaceTimestampMonotonic); None when unset or from before it."""
     value = props.get(key, "")
-    if not value.isdigit() or int(value) == 0 or int(value) < zero:
+    # isascii: str.isdigit() is true for "²", which int() refuses.
+    if not (value.isascii() and value.isdigit()) or int(value) == 0 or int(value) < zero:
         return None
     return round((int(value) - zero) / 1e6, 3)
 
@@ -223,7 +224,7 @@ def with_manager(
     and the seconds the machine took to boot (None: still booting)."""
     by_id = {u.get("Id", ""): u for u in units}
     zero_text = manager.get("UserspaceTimestampMonotonic", "0")
-    zero = int(zero_text) if zero_text.isdigit() else 0
+    zero = int(zero_text) if zero_text.isascii() and zero_text.isdigit() else 0
     steps = tuple(
         step_of(kind, name, unit, by_id.get(unit, units[i] if i < len(units) else {}), zero)
         for i, (kind, name, unit) in enumerate(order)

@@ -46,8 +46,9 @@ from ct200_tools.systemctl import run_argv, show_argv
 TEXTFILE: Final = f"{TEXTFILE_DIR}/ct200_host_boot.prom"
 KIND: Final = "host"
 #: What a step's name and unit may be (they become Prometheus labels and systemctl arguments).
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
-_UNIT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9@_.:-]*\.service$")
+#: \Z, not $: $ also matches before a final newline.
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*\Z")
+_UNIT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9@_.:-]*\.service\Z")
 QUICK_S: Final = 30.0
 #: Runs argv with a timeout (seconds); returns (exit status, stdout, stderr).
 Run = Callable[[Sequence[str], float], tuple[int, str, str]]

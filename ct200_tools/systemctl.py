@@ -43,7 +43,13 @@ def show_blocks(text: str, units: Sequence[str]) -> dict[str, dict[str, str]]:
 def run_argv(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
     try:
         proc = subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=timeout, check=False
+            list(argv),
+            capture_output=True,
+            text=True,
+            # journalctl --output=cat passes logged bytes through, valid UTF-8 or not.
+            errors="replace",
+            timeout=timeout,
+            check=False,
         )
     except subprocess.TimeoutExpired:
         return 124, "", f"{argv[0]} {argv[1] if len(argv) > 1 else ''} ran over {timeout:.0f} s"

@@ -208,3 +208,36 @@ def test_the_modules_the_role_ships_run_with_the_standard_library_alone(tmp_path
     loaded = json.loads(proc.stdout)
     assert "ct200_tools.hostchain" in loaded
     assert all(m == "ct200_tools" or f"{m.split('.')[-1]}.py" in names for m in loaded), loaded
+
+
+# -- hostile input (adversarial review) ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "step", ["host-devices\n=ct200-host-devices.service", "host-devices=ct200-host-devices.service\n"]
+)
+def test_a_step_with_a_trailing_newline_is_refused(step: str) -> None:
+    """`$` matches before a final newline: the name would break the shell script and the label."""
+    with pytest.raises(hc.BadInput):
+        hc.parse_step(step)
+
+
+@pytest.mark.parametrize("key", ["InactiveExitTimestampMonotonic", "UserspaceTimestampMonotonic"])
+def test_a_timestamp_of_non_ascii_digits_is_no_time_not_a_crash(key: str) -> None:
+    """str.isdigit() is true for '²', which int() refuses: mutated `systemctl show` output."""
+    unit = GOOD[0].replace("InactiveExitTimestampMonotonic=51500000", f"{key}=\u00b2")
+    manager = MANAGER.replace(f"UserspaceTimestampMonotonic={ZERO}", f"{key}=\u00b2")
+
+    def run(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+        return 0, (manager if argv[-1].startswith("--property=") else unit + GOOD[1]), ""
+
+    got = hc.read(ORDER, run)
+    assert [s.state for s in got.steps] == ["ok", "ok"]
+
+
+def test_output_that_is_not_utf8_is_read_not_a_crash() -> None:
+    """journalctl --output=cat passes a unit's bytes through as they were logged (a line cut in
+    the middle of a character): run_argv reads them with replacement characters."""
+    code = "import sys; sys.stdout.buffer.write(b'nvidia: \\xe2\\x82 cut\\n'); sys.exit(3)"
+    rc, out, _ = hc.run_argv([sys.executable, "-c", code], 30)
+    assert rc == 3 and out == "nvidia: \ufffd cut\n"
