@@ -6,6 +6,7 @@ after real reboots of the testbed's pve machine."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import stat
@@ -241,3 +242,60 @@ def test_output_that_is_not_utf8_is_read_not_a_crash() -> None:
     code = "import sys; sys.stdout.buffer.write(b'nvidia: \\xe2\\x82 cut\\n'); sys.exit(3)"
     rc, out, _ = hc.run_argv([sys.executable, "-c", code], 30)
     assert rc == 3 and out == "nvidia: \ufffd cut\n"
+
+
+PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
+
+
+@pytest.mark.skipif(not PLAYBOOK.exists(), reason="ansible-playbook not installed")
+@pytest.mark.parametrize(
+    "steps",
+    [
+        [{"name": "host-devices\n", "unit": "ct200-host-devices.service"}],
+        [{"name": "host-devices", "unit": "ct200-host-devices.service\n"}],
+    ],
+)
+def test_the_role_refuses_a_step_with_a_trailing_newline_before_any_change(
+    tmp_path: Path, steps: list[dict[str, str]]
+) -> None:
+    """The role's assert, in real ansible-playbook on localhost (check mode, every path the role
+    writes redirected into tmp_path): a newline would end ct200-host-chain's exec line."""
+    play = tmp_path / "play.yml"
+    play.write_text(
+        json.dumps(
+            [
+                {
+                    "hosts": "localhost",
+                    "connection": "local",
+                    "gather_facts": False,
+                    "tasks": [{"ansible.builtin.import_role": {"name": "host_boot_report"}}],
+                }
+            ]
+        )
+    )
+    out = tmp_path / "out"
+    extra = {
+        "host_boot_report_steps": steps,
+        "host_boot_report_lib": str(out / "lib"),
+        "host_boot_report_program": str(out / "ct200-host-chain"),
+        "host_boot_report_unit_path": str(out / "unit.service"),
+        "host_boot_report_textfile": str(out / "prom" / "x.prom"),
+        "ansible_python_interpreter": sys.executable,
+    }
+    (tmp_path / "vars.json").write_text(json.dumps(extra))
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")},
+        "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    proc = subprocess.run(
+        [str(PLAYBOOK), "-i", "localhost,", str(play), "--check", "-e", f"@{tmp_path}/vars.json"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode != 0, proc.stdout
+    assert "host_boot_report_steps must list" in proc.stdout, proc.stdout
+    assert not out.exists()
