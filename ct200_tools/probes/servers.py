@@ -122,7 +122,8 @@ def _call(
     got = HttpFacts(url, status=status, duration_s=_since(t0))
     try:
         return got, json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+    # ValueError, not only JSONDecodeError: an integer of more than 4300 digits raises it plainly.
+    except (ValueError, RecursionError):
         text = data[:300].decode(errors="replace")
         return _with(got, error="the answer is not JSON", body=text), None
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -272,3 +273,81 @@ def test_chain_smoke_asks_nothing_of_a_chain_that_stopped(
     assert rc == 1 and got["result"]["ok"] is False
     assert got["result"]["stopped_at"]["name"] == "tiny"
     assert got["result"]["smoke"] is None and bodies == []
+
+
+# -- hostile servers (adversarial review): each is a failed smoke test, never a crash or a hang ---
+
+
+@contextlib.contextmanager
+def raw_server(answer: Callable[[socket.socket], None]) -> Iterator[int]:
+    """A real TCP server that reads each request's head and lets `answer` reply as it likes."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+
+    def serve_one(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            answer(conn)
+
+    def loop() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                threading.Thread(target=serve_one, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=loop, daemon=True).start()
+    try:
+        yield int(listener.getsockname()[1])
+    finally:
+        listener.close()
+
+
+def test_smoke_of_a_completion_with_a_number_python_cannot_read_is_a_failed_smoke(
+    tmp_path: Path,
+) -> None:
+    """json.loads raises a plain ValueError (not JSONDecodeError) for an integer of more than
+    4300 digits: a hostile answer, not an internal error."""
+    body = b'{"choices": [{}], "usage": {"completion_tokens": ' + b"1" * 5000 + b"}}"
+
+    def answer(conn: socket.socket) -> None:
+        head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        conn.sendall(head.encode() + body)
+
+    with raw_server(answer) as port:
+        proc = run("smoke", "qwen-tp4-dflash", "--spec", spec_with_port(tmp_path, port), "--json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    row = json.loads(proc.stdout)["result"]["servers"][0]
+    assert row["ok"] is False and "the answer is not JSON" in row["error"]
+
+
+def test_smoke_of_a_readiness_path_that_trickles_its_body_ends_at_the_deadline(
+    tmp_path: Path,
+) -> None:
+    """A server that answers 200 and then sends its body a byte at a time: the readiness poll
+    knows the status from the head, and must not wait for a body that never ends (each byte
+    arrives within the socket timeout, so only the status is read)."""
+    stop = threading.Event()
+
+    def answer(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
+        while not stop.wait(0.05):
+            conn.sendall(b"x")
+
+    with raw_server(answer) as port:
+        proc = subprocess.run(
+            [SERVE, "smoke", "qwen-tp4-dflash", "--spec", spec_with_port(tmp_path, port)]
+            + ["--json", "--timeout", "1", "--completion-timeout", "1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        stop.set()
+    row = json.loads(proc.stdout)["result"]["servers"][0]
+    assert row["ready_last"] == "200", row
