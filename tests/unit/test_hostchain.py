@@ -215,7 +215,8 @@ def test_the_modules_the_role_ships_run_with_the_standard_library_alone(tmp_path
 
 
 @pytest.mark.parametrize(
-    "step", ["host-devices\n=ct200-host-devices.service", "host-devices=ct200-host-devices.service\n"]
+    "step",
+    ["host-devices\n=ct200-host-devices.service", "host-devices=ct200-host-devices.service\n"],
 )
 def test_a_step_with_a_trailing_newline_is_refused(step: str) -> None:
     """`$` matches before a final newline: the name would break the shell script and the label."""
@@ -245,21 +246,12 @@ def test_output_that_is_not_utf8_is_read_not_a_crash() -> None:
 
 
 PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
+GOOD_STEPS = [{"name": "host-devices", "unit": "ct200-host-devices.service"}]
 
 
-@pytest.mark.skipif(not PLAYBOOK.exists(), reason="ansible-playbook not installed")
-@pytest.mark.parametrize(
-    "steps",
-    [
-        [{"name": "host-devices\n", "unit": "ct200-host-devices.service"}],
-        [{"name": "host-devices", "unit": "ct200-host-devices.service\n"}],
-    ],
-)
-def test_the_role_refuses_a_step_with_a_trailing_newline_before_any_change(
-    tmp_path: Path, steps: list[dict[str, str]]
-) -> None:
-    """The role's assert, in real ansible-playbook on localhost (check mode, every path the role
-    writes redirected into tmp_path): a newline would end ct200-host-chain's exec line."""
+def role_in_check_mode(tmp_path: Path, **role_vars: object) -> subprocess.CompletedProcess[str]:
+    """roles/host_boot_report in real ansible-playbook on localhost, in check mode, with every
+    path the role writes redirected into tmp_path/out (unless role_vars names it)."""
     play = tmp_path / "play.yml"
     play.write_text(
         json.dumps(
@@ -275,12 +267,13 @@ def test_the_role_refuses_a_step_with_a_trailing_newline_before_any_change(
     )
     out = tmp_path / "out"
     extra = {
-        "host_boot_report_steps": steps,
+        "host_boot_report_steps": GOOD_STEPS,
         "host_boot_report_lib": str(out / "lib"),
         "host_boot_report_program": str(out / "ct200-host-chain"),
         "host_boot_report_unit_path": str(out / "unit.service"),
         "host_boot_report_textfile": str(out / "prom" / "x.prom"),
         "ansible_python_interpreter": sys.executable,
+        **role_vars,
     }
     (tmp_path / "vars.json").write_text(json.dumps(extra))
     env = {
@@ -288,7 +281,7 @@ def test_the_role_refuses_a_step_with_a_trailing_newline_before_any_change(
         "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
         "ANSIBLE_NOCOLOR": "1",
     }
-    proc = subprocess.run(
+    return subprocess.run(
         [str(PLAYBOOK), "-i", "localhost,", str(play), "--check", "-e", f"@{tmp_path}/vars.json"],
         capture_output=True,
         text=True,
@@ -296,6 +289,42 @@ def test_the_role_refuses_a_step_with_a_trailing_newline_before_any_change(
         timeout=300,
         env=env,
     )
+
+
+@pytest.mark.skipif(not PLAYBOOK.exists(), reason="ansible-playbook not installed")
+@pytest.mark.parametrize(
+    "steps",
+    [
+        [{"name": "host-devices\n", "unit": "ct200-host-devices.service"}],
+        [{"name": "host-devices", "unit": "ct200-host-devices.service\n"}],
+    ],
+)
+def test_the_role_refuses_a_step_with_a_trailing_newline_before_any_change(
+    tmp_path: Path, steps: list[dict[str, str]]
+) -> None:
+    """The role's assert: a newline would end ct200-host-chain's exec line."""
+    proc = role_in_check_mode(tmp_path, host_boot_report_steps=steps)
     assert proc.returncode != 0, proc.stdout
     assert "host_boot_report_steps must list" in proc.stdout, proc.stdout
-    assert not out.exists()
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(not PLAYBOOK.exists(), reason="ansible-playbook not installed")
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("host_boot_report_textfile", "/var/lib/node exporter/x.prom"),
+        ("host_boot_report_textfile", "/var/lib/prometheus/%H.prom"),
+        ("host_boot_report_textfile", "ct200_host_boot.prom"),
+        ("host_boot_report_python", "/usr/bin/python3 -I"),
+    ],
+)
+def test_the_role_refuses_a_path_the_unit_or_script_would_split_before_any_change(
+    tmp_path: Path, var: str, value: str
+) -> None:
+    """The textfile goes into ExecStart= and the python into the script as written: a space
+    splits them (the report would exit 2 at every boot), % is a systemd specifier."""
+    proc = role_in_check_mode(tmp_path, **{var: value})
+    assert proc.returncode != 0, proc.stdout
+    assert f"{var} must be an absolute path" in proc.stdout, proc.stdout
+    assert not (tmp_path / "out").exists()
