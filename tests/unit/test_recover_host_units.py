@@ -49,9 +49,9 @@ def host_units(tmp_path: Path, site: dict[str, object]) -> tuple[list[str], list
         json.dumps({"ct200_site": site, "ansible_python_interpreter": sys.executable})
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    vars_file = str(tmp_path / "vars.json")
     proc = subprocess.run(
-        [str(PLAYBOOK), "-i", "localhost,", str(tmp_path / "play.yml")]
-        + ["-e", f"@{tmp_path}/vars.json"],
+        [str(PLAYBOOK), "-i", "localhost,", str(tmp_path / "play.yml"), "-e", "@" + vars_file],
         capture_output=True,
         text=True,
         check=False,

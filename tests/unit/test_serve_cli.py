@@ -340,9 +340,10 @@ def test_smoke_of_a_readiness_path_that_trickles_its_body_ends_at_the_deadline(
             conn.sendall(b"x")
 
     with raw_server(answer) as port:
+        spec = spec_with_port(tmp_path, port)
+        bounds = ["--timeout", "1", "--completion-timeout", "1"]
         proc = subprocess.run(
-            [SERVE, "smoke", "qwen-tp4-dflash", "--spec", spec_with_port(tmp_path, port)]
-            + ["--json", "--timeout", "1", "--completion-timeout", "1"],
+            [SERVE, "smoke", "qwen-tp4-dflash", "--spec", spec, "--json", *bounds],
             capture_output=True,
             text=True,
             timeout=60,
