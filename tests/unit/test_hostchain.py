@@ -328,3 +328,76 @@ def test_the_role_refuses_a_path_the_unit_or_script_would_split_before_any_chang
     assert proc.returncode != 0, proc.stdout
     assert f"{var} must be an absolute path" in proc.stdout, proc.stdout
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(not PLAYBOOK.exists(), reason="ansible-playbook not installed")
+def test_ct200_host_chain_runs_the_installed_modules_whatever_the_working_directory(
+    tmp_path: Path,
+) -> None:
+    """`python -m` puts the working directory first on sys.path: root running ct200-host-chain in
+    a directory with a ct200_tools/ of someone else's (/tmp) must still run the installed copy.
+    The script is the role's template, rendered by real ansible-playbook."""
+    lib = tmp_path / "lib"
+    (lib / "ct200_tools").mkdir(parents=True)
+    names = yaml.safe_load((REPO / "roles/host_boot_report/vars/main.yml").read_text())[
+        "host_boot_report_modules"
+    ]
+    for name in names:
+        shutil.copy(REPO / "ct200_tools" / name, lib / "ct200_tools" / name)
+    script = tmp_path / "ct200-host-chain"
+    play = [
+        {
+            "hosts": "localhost",
+            "connection": "local",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "name": "Render ct200-host-chain",
+                    "ansible.builtin.template": {
+                        "src": str(REPO / "roles/host_boot_report/templates/ct200-host-chain.j2"),
+                        "dest": str(script),
+                        "mode": "0755",
+                    },
+                }
+            ],
+        }
+    ]
+    (tmp_path / "play.yml").write_text(json.dumps(play))
+    extra = {
+        "host_boot_report_steps": GOOD_STEPS,
+        "host_boot_report_lib": str(lib),
+        "host_boot_report_python": sys.executable,
+        "ansible_python_interpreter": sys.executable,
+    }
+    (tmp_path / "vars.json").write_text(json.dumps(extra))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    rendered = subprocess.run(
+        [
+            str(PLAYBOOK),
+            "-i",
+            "localhost,",
+            str(tmp_path / "play.yml"),
+            "-e",
+            "@" + str(tmp_path / "vars.json"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        env={**env, "ANSIBLE_NOCOLOR": "1"},
+    )
+    assert rendered.returncode == 0, rendered.stdout
+    planted = tmp_path / "cwd" / "ct200_tools"
+    planted.mkdir(parents=True)
+    (planted / "__init__.py").write_text("")
+    (planted / "hostchain.py").write_text("print('planted code ran')\n")
+    proc = subprocess.run(
+        [str(script), "--step", "a=b"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        cwd=planted.parent,
+    )
+    assert "planted code ran" not in proc.stdout
+    assert proc.returncode == hc.Exit.BAD_INPUT and "NAME=UNIT" in proc.stderr, proc.stderr
