@@ -80,12 +80,16 @@ def now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
-def parse(text: str, path: str = STATE_PATH) -> ServingState:
-    """The state in `text`; ServingError naming the path and the fix when it is not one."""
-    fix = (
+def damaged_fix(path: str) -> str:
+    return (
         f"choose the serving set again with `ct200-serve switch NAME...` (it rewrites {path}), "
         f"or remove {path} to serve the spec's enabled servers"
     )
+
+
+def parse(text: str, path: str = STATE_PATH) -> ServingState:
+    """The state in `text`; ServingError naming the path and the fix when it is not one."""
+    fix = damaged_fix(path)
     try:
         data = json.loads(text)
     except (ValueError, RecursionError) as exc:
@@ -120,6 +124,9 @@ def read_state(path: str = STATE_PATH) -> ServingState | None:
         raise ServingError(
             f"cannot read {path}: {exc.strerror}", "run as root, or check the file's mode"
         ) from None
+    except UnicodeDecodeError as exc:
+        why = f"not UTF-8 text (byte {exc.start})"
+        raise ServingError(f"{path} is {why}", damaged_fix(path), why) from None
     if len(text) > MAX_BYTES:
         raise ServingError(f"{path} is larger than {MAX_BYTES} bytes: not a serving set", "")
     return parse(text, path)

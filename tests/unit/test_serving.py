@@ -87,6 +87,17 @@ def test_a_damaged_state_names_the_file_and_the_fix(text: str, fragment: str) ->
     assert "ct200-serve switch" in caught.value.fix
 
 
+def test_a_state_file_that_is_not_utf8_names_the_file_and_the_fix(tmp_path: Path) -> None:
+    """A damaged serving.json (a byte that is not UTF-8) is a clear error, not an internal one:
+    `ct200-serve chain` (at every boot, and recover.yml's) reads it first."""
+    path = tmp_path / "serving.json"
+    path.write_bytes(b'{"kind": "ct200-serving-set", "servers": ["\xff"]}')
+    with pytest.raises(ServingError) as caught:
+        serving.read_state(str(path))
+    assert "not UTF-8" in caught.value.message and str(path) in caught.value.message
+    assert "ct200-serve switch" in caught.value.fix
+
+
 def test_absent_state_means_the_enabled_servers(site: SiteSpec) -> None:
     chosen = serving.serving_set(site, None)
     assert (chosen.names, chosen.source) == (QWEN, "spec")
