@@ -271,7 +271,19 @@ def chain(
     chosen = serving.current(site)
     got = ch.read(site, chosen, Systemd())
     if textfile:
-        write_atomic(textfile, ch.textfile(got, time.time()))
+        # Exit 3, not main()'s 1 for OSError: ct200-boot-report.service counts 1 (stopped) as
+        # success, and the last boot's file would stand as this one's.
+        try:
+            write_atomic(textfile, ch.textfile(got, time.time()))
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            _fail(
+                [
+                    f"ct200-serve: cannot write {textfile}: {why}",
+                    "  fix: make its directory a writable directory with free space",
+                ],
+                Exit.INTERNAL,
+            )
     path = find_spec(spec_path).path
     gated, doctor_lines = (
         ch.ask_doctor(site, chosen, got, str(path)) if doctor and path else (None, [])

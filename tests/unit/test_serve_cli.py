@@ -202,6 +202,17 @@ def chain_in_process(
 ) -> tuple[int, dict[str, Any]]:
     """`ct200-serve chain --json --smoke` on the testbed's llama site, `tiny` on `port`, with
     systemd saying its stage is active and its server `server_state`."""
+    spec = stand_in_chain(monkeypatch, tmp_path, port, server_state)
+    args = ["chain", "--spec", str(spec), "--json", "--no-doctor", "--smoke", "--timeout", "0.5"]
+    got = CliRunner().invoke(serve.cli, [*args, "--prompt", "Hi"])
+    assert got.exception is None or isinstance(got.exception, SystemExit), got.exception
+    return got.exit_code, json.loads(got.output)
+
+
+def stand_in_chain(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, port: int, server_state: str
+) -> Path:
+    """The llama site's spec, `tiny` on `port`, and systemd's stand-in in this process."""
     site = llama_site()
     site["servers"][0].update(port=port, command=[*site["servers"][0]["command"][:-1], str(port)])
     spec = tmp_path / "site.yml"
@@ -226,10 +237,7 @@ def chain_in_process(
             super().__init__(show)
 
     monkeypatch.setattr(systemd, "Systemd", Recorded)
-    args = ["chain", "--spec", str(spec), "--json", "--no-doctor", "--smoke", "--timeout", "0.5"]
-    got = CliRunner().invoke(serve.cli, [*args, "--prompt", "Hi"])
-    assert got.exception is None or isinstance(got.exception, SystemExit), got.exception
-    return got.exit_code, json.loads(got.output)
+    return spec
 
 
 def test_chain_smoke_tests_a_serving_chain_in_the_same_process(
@@ -352,3 +360,19 @@ def test_smoke_of_a_readiness_path_that_trickles_its_body_ends_at_the_deadline(
         stop.set()
     row = json.loads(proc.stdout)["result"]["servers"][0]
     assert row["ready_last"] == "200", row
+
+
+def test_chain_that_cannot_write_its_textfile_is_broken_not_stopped(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ct200-boot-report.service counts exit 1 (a chain that stopped) as success: a textfile
+    that could not be written (disk full, read-only) must be exit 3, or the unit passes and
+    the last boot's file stays as if it were this one's."""
+    spec = stand_in_chain(monkeypatch, tmp_path, free_port(), "active")
+    (tmp_path / "a-file").write_text("")
+    textfile = tmp_path / "a-file" / "ct200_boot.prom"  # its directory is a file
+    with pytest.raises(SystemExit) as exited:
+        serve.main(["chain", "--spec", str(spec), "--no-doctor", "--textfile", str(textfile)])
+    err = capsys.readouterr().err
+    assert exited.value.code == serve.Exit.INTERNAL, err
+    assert f"cannot write {textfile}" in err and "Traceback" not in err
