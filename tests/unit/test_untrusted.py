@@ -1,11 +1,24 @@
-"""ct200_tools.untrusted.show: text from outside can never reach a terminal raw."""
+"""ct200_tools.untrusted: text from outside never reaches a terminal raw; files from outside are
+read only when regular, bounded and shallow."""
 
 from __future__ import annotations
 
+import os
+import socket
+from pathlib import Path
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ct200_tools.untrusted import is_plain, show
+from ct200_tools.untrusted import (
+    UntrustedInputError,
+    is_plain,
+    json_depth,
+    load_json,
+    read_bounded,
+    show,
+)
 
 
 def test_controls_and_escapes_are_visible() -> None:
@@ -38,3 +51,75 @@ def test_the_result_is_one_printable_line(value: str | bytes) -> None:
     out = show(value)
     assert all(ch.isprintable() for ch in out)
     assert "\n" not in out and "\r" not in out
+
+
+FIX = "pass the file ct200-doctor fleet wrote"
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(UntrustedInputError, match="a FIFO"):
+        read_bounded(fifo, "the fleet report", 1024, FIX)
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"), [("/dev/zero", "a device"), ("/dev/null", "a device"), ("/", "a directory")]
+)
+def test_devices_and_directories_are_refused(path: str, kind: str) -> None:
+    with pytest.raises(UntrustedInputError, match=kind) as info:
+        read_bounded(path, "the fleet report", 1024, FIX)
+    assert info.value.fix == FIX
+
+
+def test_a_socket_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "sock"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(path))
+        with pytest.raises(UntrustedInputError, match="a socket"):
+            read_bounded(path, "serving.json", 1024, FIX)
+
+
+def test_a_link_to_dev_zero_is_refused(tmp_path: Path) -> None:
+    link = tmp_path / "serving.json"
+    link.symlink_to("/dev/zero")
+    with pytest.raises(UntrustedInputError, match="a device"):
+        read_bounded(link, "serving.json", 1024, FIX)
+
+
+def test_size_is_bounded_and_named(tmp_path: Path) -> None:
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 2048)
+    with pytest.raises(UntrustedInputError, match="2048 bytes, more than the 1024"):
+        read_bounded(big, "the fleet report", 1024, FIX)
+    assert read_bounded(big, "the fleet report", 2048, FIX) == b"x" * 2048
+
+
+def test_missing_and_unreadable_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(UntrustedInputError, match="does not exist"):
+        read_bounded(tmp_path / "nope\x1b", "the fleet report", 1024, FIX)
+    with pytest.raises(UntrustedInputError, match=r"nope\\x1b"):
+        read_bounded(tmp_path / "nope\x1b", "the fleet report", 1024, FIX)
+
+
+def test_deep_json_is_refused_before_parsing(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(UntrustedInputError, match="nested more than 32"):
+        load_json(deep, "the fleet report", 1 << 20, FIX)
+
+
+def test_brackets_in_strings_do_not_count() -> None:
+    assert json_depth('{"a": "[[[[\\"[[["}') == 1
+
+
+def test_json_that_is_not_json_or_utf8(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b"\xff{}")
+    with pytest.raises(UntrustedInputError, match="not UTF-8"):
+        load_json(bad, "the fleet report", 1024, FIX)
+    bad.write_text("{nope")
+    with pytest.raises(UntrustedInputError, match="not JSON"):
+        load_json(bad, "the fleet report", 1024, FIX)
+    bad.write_text('{"hosts": []}')
+    assert load_json(bad, "the fleet report", 1024, FIX) == {"hosts": []}
