@@ -26,9 +26,11 @@ scores only guide the tokenizer's merges), so the weights do it:
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -63,6 +65,20 @@ CHAT_TEMPLATE = (
 F32 = npt.NDArray[np.float32]
 
 
+@dataclass(frozen=True)
+class Shape:
+    """The model's size. The default is the testbed's tiny model; the GPU tests serve a larger
+    one (8 layers, hidden 2048, about 1.5 GB) so the GPU does real work per token."""
+
+    layers: int = N_LAYER
+    hidden: int = N_EMBD
+    heads: int = N_HEAD
+    ffn: int = N_FF
+
+
+TINY = Shape()
+
+
 def vocabulary() -> tuple[list[str], list[int]]:
     tokens = [*SPECIAL, *(f"<0x{b:02X}>" for b in range(N_BYTES)), *CHARS]
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
@@ -70,45 +86,54 @@ def vocabulary() -> tuple[list[str], list[int]]:
     return tokens, [int(t) for t in types]
 
 
-def tensors(seed: int) -> dict[str, F32]:
-    """Weights in numpy (out, in) order, which gguf stores as llama.cpp's {in, out}."""
+def tensors(seed: int, shape: Shape = TINY) -> dict[str, F32]:
+    """Weights in numpy (out, in) order, which gguf stores as llama.cpp's {in, out}.
+
+    The scales are the tiny model's, scaled by fan-in for a larger shape, so every residual
+    write keeps the variance the module's docstring reasons about."""
     rng = np.random.default_rng(seed)
+    n_embd, n_ff = shape.hidden, shape.ffn
+    std_in = 1.0 / math.sqrt(n_embd)  # 0.125 for the tiny model
+    std_out = 0.003 * math.sqrt(N_EMBD / n_embd)
+    std_down = 0.003 * math.sqrt(N_FF / n_ff)
 
     def normal(shape: tuple[int, ...], std: float) -> F32:
         return rng.normal(0.0, std, size=shape).astype(np.float32)
 
-    gains = np.full(N_EMBD, GAIN, dtype=np.float32)
+    gains = np.full(n_embd, GAIN, dtype=np.float32)
     gains[0] = 0.0  # inside the layers the anchor dimension reads as 0
-    out_gains = np.ones(N_EMBD, dtype=np.float32)  # at the output the anchor carries the ban
+    out_gains = np.ones(n_embd, dtype=np.float32)  # at the output the anchor carries the ban
 
-    embd = normal((N_VOCAB, N_EMBD), 0.02)
+    embd = normal((N_VOCAB, n_embd), 0.02)
     embd[:, 0] = ANCHOR
-    output = normal((N_VOCAB, N_EMBD), 1.0)
+    output = normal((N_VOCAB, n_embd), 1.0)
     output[:, 0] = 0.0
     output[:N_SPECIAL_AND_BYTES, :] = 0.0
     output[:N_SPECIAL_AND_BYTES, 0] = -BAN
     weights = {"token_embd.weight": embd, "output_norm.weight": out_gains, "output.weight": output}
-    for layer in range(N_LAYER):
+    for layer in range(shape.layers):
         blk = f"blk.{layer}"
-        attn_out = normal((N_EMBD, N_EMBD), 0.003)
-        ffn_down = normal((N_EMBD, N_FF), 0.003)
+        attn_out = normal((n_embd, n_embd), std_out)
+        ffn_down = normal((n_embd, n_ff), std_down)
         attn_out[0, :] = 0.0  # nothing writes to the anchor dimension
         ffn_down[0, :] = 0.0
         weights |= {
             f"{blk}.attn_norm.weight": gains.copy(),
-            f"{blk}.attn_q.weight": normal((N_EMBD, N_EMBD), 0.125),
-            f"{blk}.attn_k.weight": normal((N_EMBD, N_EMBD), 0.125),
-            f"{blk}.attn_v.weight": normal((N_EMBD, N_EMBD), 0.125),
+            f"{blk}.attn_q.weight": normal((n_embd, n_embd), std_in),
+            f"{blk}.attn_k.weight": normal((n_embd, n_embd), std_in),
+            f"{blk}.attn_v.weight": normal((n_embd, n_embd), std_in),
             f"{blk}.attn_output.weight": attn_out,
             f"{blk}.ffn_norm.weight": gains.copy(),
-            f"{blk}.ffn_gate.weight": normal((N_FF, N_EMBD), 0.125),
-            f"{blk}.ffn_up.weight": normal((N_FF, N_EMBD), 0.125),
+            f"{blk}.ffn_gate.weight": normal((n_ff, n_embd), std_in),
+            f"{blk}.ffn_up.weight": normal((n_ff, n_embd), std_in),
             f"{blk}.ffn_down.weight": ffn_down,
         }
     return weights
 
 
-def write(path: Path, seed: int = DEFAULT_SEED, name: str = "ct200-testbed-tiny") -> Path:
+def write(
+    path: Path, seed: int = DEFAULT_SEED, name: str = "ct200-testbed-tiny", shape: Shape = TINY
+) -> Path:
     """Write the model to ``path`` atomically (temp file, fsync, rename); returns ``path``."""
     path = Path(path)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
@@ -119,12 +144,12 @@ def write(path: Path, seed: int = DEFAULT_SEED, name: str = "ct200-testbed-tiny"
         writer.add_name(name)
         writer.add_file_type(gguf.LlamaFileType.ALL_F32)
         writer.add_context_length(N_CTX_TRAIN)
-        writer.add_embedding_length(N_EMBD)
-        writer.add_block_count(N_LAYER)
-        writer.add_feed_forward_length(N_FF)
-        writer.add_head_count(N_HEAD)
-        writer.add_head_count_kv(N_HEAD)
-        writer.add_rope_dimension_count(N_EMBD // N_HEAD)
+        writer.add_embedding_length(shape.hidden)
+        writer.add_block_count(shape.layers)
+        writer.add_feed_forward_length(shape.ffn)
+        writer.add_head_count(shape.heads)
+        writer.add_head_count_kv(shape.heads)
+        writer.add_rope_dimension_count(shape.hidden // shape.heads)
         writer.add_rope_freq_base(10000.0)
         writer.add_layer_norm_rms_eps(1e-5)
         writer.add_vocab_size(N_VOCAB)
@@ -139,7 +164,7 @@ def write(path: Path, seed: int = DEFAULT_SEED, name: str = "ct200-testbed-tiny"
         writer.add_add_bos_token(True)
         writer.add_add_eos_token(False)
         writer.add_chat_template(CHAT_TEMPLATE)
-        for tensor_name, data in tensors(seed).items():
+        for tensor_name, data in tensors(seed, shape).items():
             writer.add_tensor(tensor_name, data)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
@@ -161,13 +186,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("out", type=Path, help="the .gguf file to write (replaced atomically)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="weights' RNG seed")
+    parser.add_argument("--layers", type=int, default=N_LAYER, help="blocks (default: tiny)")
+    parser.add_argument("--hidden", type=int, default=N_EMBD, help="embedding width")
+    parser.add_argument("--heads", type=int, default=N_HEAD, help="attention heads")
+    parser.add_argument("--ffn", type=int, default=N_FF, help="feed-forward width")
     args = parser.parse_args(argv)
+    shape = Shape(args.layers, args.hidden, args.heads, args.ffn)
+    if min(shape.layers, shape.hidden, shape.heads, shape.ffn) < 1 or shape.hidden % shape.heads:
+        print(
+            "tiny_gguf: error: sizes must be positive and --hidden a multiple of --heads",
+            file=sys.stderr,
+        )
+        return 2
     out: Path = args.out
     if not out.parent.is_dir():
         print(f"tiny_gguf: error: {out.parent}: no such directory; create it", file=sys.stderr)
         return 2
     try:
-        write(out, seed=args.seed)
+        write(out, seed=args.seed, shape=shape)
     except OSError as exc:
         print(f"tiny_gguf: error: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
         return 2

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.gpu import nvsmi
+from tests.gpu.carried import use_carried_wheels
+
+use_carried_wheels()  # before any test module imports gguf or ct200_tools' xxhash/psutil
 
 
 def _has_gpu() -> bool:
