@@ -101,7 +101,7 @@ def unit_fields(
         "cache_dir": engines.cache_dir(s.name),
         "cache_rel": engines.cache_dir(s.name).removeprefix("/var/cache/"),
         "env_file": engines.env_path(s.name),
-        "config_file": engines.config_path(s.name) if s.engine == "sglang" else "",
+        "config_file": engines.config_path(s.name) if engines.kind(s).config_file else "",
         "preflight": engines.exec_line([f"{bin_dir}/ct200-serve", "preflight", s.name, *spec_arg]),
         "gate": engines.exec_line([f"{bin_dir}/ct200-doctor", "gate", s.name, *spec_arg]),
         "exec_start": engines.exec_line(engines.argv(site, s)),
@@ -140,18 +140,28 @@ def env_entries(server: Mapping[str, Any], ct200_site: Mapping[str, Any]) -> lis
     return entries
 
 
-def sglang_yaml(server: Mapping[str, Any], ct200_site: Mapping[str, Any]) -> str:
+def engine_config_yaml(server: Mapping[str, Any], ct200_site: Mapping[str, Any]) -> str:
+    """The config file the server's engine reads beside its argv (SGLang's --config), as YAML."""
     site = site_of(ct200_site)
-    config = engines.sglang_config(site, _server(site, server))
+    config = engines.config(site, _server(site, server))
+    if config is None:
+        raise ValueError(f"server {server['name']}: engine {server['engine']} reads no config")
     text = yaml.safe_dump(config, sort_keys=False, default_flow_style=False, allow_unicode=True)
     return text.rstrip("\n")  # the template ends the file with its own newline
+
+
+def config_servers(servers: list[Mapping[str, Any]], wanted: bool = True) -> list[Any]:
+    """The servers whose engine reads a config file (wanted), or the others: which servers the
+    role renders a config for, and whose stale config it removes."""
+    return [s for s in servers if engines.ENGINES[s["engine"]].config_file == wanted]
 
 
 #: The filters both renderers register, by the names the templates use.
 FILTERS: Final[dict[str, Callable[..., Any]]] = {
     "ct200_unit_fields": unit_fields,
     "ct200_env_entries": env_entries,
-    "ct200_sglang_yaml": sglang_yaml,
+    "ct200_engine_config": engine_config_yaml,
+    "ct200_config_servers": config_servers,
 }
 
 
@@ -204,6 +214,6 @@ def render(site: SiteSpec, name: str, tools_bin: str = engines.DEFAULT_TOOLS_BIN
     unit = env.get_template(UNIT_TEMPLATE).render(values)
     env_text = env.get_template(ENV_TEMPLATE).render(values)
     config = None
-    if server["engine"] == "sglang":
+    if engines.ENGINES[server["engine"]].config_file:
         config = env.get_template(CONFIG_TEMPLATE).render(values)
     return Rendered(unit, env_text, config)

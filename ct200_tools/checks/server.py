@@ -134,7 +134,7 @@ def _install_engine_fix(ctx: Context, s: ServerSpec, python: str) -> Remedy:
 
 
 def _missing_fix(ctx: Context, s: ServerSpec, path: str) -> Remedy:
-    if s.engine == "command":
+    if engines.engine_module(s) is None:  # the program is the server itself
         return Remedy(
             f"install {path}, or fix command[0] of server {s.name} in the spec",
             where(ctx),
@@ -160,7 +160,7 @@ def _judge_engine(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
     e = f.engine
     if e is None:
         return _cannot("engine not probed")
-    what = "command" if s.engine == "command" else "interpreter"
+    what = "command" if engines.engine_module(s) is None else "interpreter"
     if e.resolved is None:
         return _bad(
             f"{what} {e.path!r} not found on PATH {engines.SYSTEMD_PATH_TEXT} (systemd's search "

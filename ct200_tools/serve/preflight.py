@@ -101,7 +101,7 @@ class Preflight:
     def program(self) -> list[Problem]:
         s = self.server
         path = engines.program(s)
-        if s.engine == "command":
+        if engines.engine_module(s) is None:  # the program is the server itself
             fix = f"install the server's program there, or correct {self.where}.command[0]"
             if "/" not in path:
                 if find_program(path) is None:
@@ -160,7 +160,7 @@ class Preflight:
         return [Problem("engine", f"{python} failed (exit {status}) looking for {module}", fix)]
 
     def config(self) -> list[Problem]:
-        if self.server.engine != "sglang":
+        if not engines.kind(self.server).config_file:
             return []
         path = engines.config_path(self.server.name)
         if os.access(path, os.R_OK):
