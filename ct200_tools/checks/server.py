@@ -32,6 +32,7 @@ from ct200_tools.checks.base import (
 from ct200_tools.checks.staged import model_verdict
 from ct200_tools.facts import HttpFacts, PortHolder, ProcessGpuFacts, ServerFacts, UnitFacts
 from ct200_tools.spec import ServerSpec
+from ct200_tools.untrusted import show
 
 
 @dataclass(frozen=True)
@@ -484,9 +485,11 @@ def check_port(ctx: Context) -> Outcome:
 
 
 def _http_failure(h: HttpFacts) -> str:
+    # h.error is our own sentence (the client escaped what the server said in it); the body is
+    # the server's exact text, escaped here where it is shown.
     if h.error is not None and h.status is None:
         return f"{h.url}: {h.error}"
-    body = f": {h.body}" if h.body else ""
+    body = f": {show(h.body, 300)}" if h.body else ""
     what = f"HTTP {h.status}" + (f", {h.error}" if h.error else "")
     return f"{h.url}: {what}{body}"
 
@@ -507,7 +510,9 @@ def _judge_models(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
         )
     if h.served is None:
         return _bad(_http_failure(h), Remedy("read the server's log", where(ctx), journal))
-    listed = ", ".join(h.served) or "nothing"
+    listed = ", ".join(show(name, 100) for name in h.served[:20]) or "nothing"
+    if len(h.served) > 20:
+        listed += f" (+{len(h.served) - 20} more)"
     if want not in h.served:
         return _bad(
             f"/v1/models lists {listed}, not {want!r}",
