@@ -76,16 +76,16 @@ class Answer:
         return self.headers.get("location")
 
     def summary(self, what: str = "an answer") -> str:
-        """The status for people, escaped: "503 Service Unavailable"; a redirect says where to
-        and that it was not followed ("what" names the answer that must come from the port)."""
+        """The status for people, escaped: "503 Service Unavailable"; a redirect also says
+        where to and that it was not followed (`redirect_note`)."""
         head = f"{self.status} {show(self.reason, 80)}".rstrip()
-        if not self.redirect:
-            return head
+        return f"{head}, {self.redirect_note(what)}" if self.redirect else head
+
+    def redirect_note(self, what: str = "an answer") -> str:
+        """ "a redirect to <Location, escaped> (not followed: <what> must come from the server's
+        own port)"."""
         where = show(self.location, 200) if self.location is not None else "nowhere (no Location)"
-        return (
-            f"{head}, a redirect to {where} (not followed: {what} must come from the server's "
-            "own port)"
-        )
+        return f"a redirect to {where} (not followed: {what} must come from the server's own port)"
 
 
 def request(
@@ -212,7 +212,9 @@ class _Conn:
             self.sock.settimeout(self._left(doing))
             chunk = self.sock.recv(65536)
         except TimeoutError:
-            raise HttpTimeout(f"no complete answer within {_secs(self.timeout_s)} s ({doing})") from None
+            raise HttpTimeout(
+                f"no complete answer within {_secs(self.timeout_s)} s ({doing})"
+            ) from None
         except OSError as exc:
             raise HttpError(f"the connection failed ({doing}): {exc.strerror or exc}") from None
         self.buf += chunk
@@ -221,6 +223,8 @@ class _Conn:
     def read_head(self) -> bytes:
         while True:
             end = self.buf.find(b"\r\n\r\n")
+            if end > MAX_HEAD:
+                raise HttpError(f"the answer's head is more than {MAX_HEAD} bytes")
             if end >= 0:
                 head = bytes(self.buf[:end])
                 del self.buf[: end + 4]
@@ -370,3 +374,5 @@ class Redirected(HttpError):
     def __init__(self, answer: Answer, what: str = "an answer") -> None:
         super().__init__(answer.summary(what))
         self.status = answer.status
+        #: What it said without its status (for facts that keep the status apart).
+        self.note = answer.redirect_note(what)

@@ -124,7 +124,7 @@ def _call(
     try:
         status, data = r.request(method, url, body, timeout_s)
     except Redirected as exc:
-        return HttpFacts(url, status=exc.status, duration_s=_since(t0), error=str(exc)), None
+        return HttpFacts(url, status=exc.status, duration_s=_since(t0), error=exc.note), None
     except OSError as exc:
         return HttpFacts(url, duration_s=_since(t0), error=_why(exc, timeout_s)), None
     got = HttpFacts(url, status=status, duration_s=_since(t0))
@@ -146,7 +146,7 @@ def _with(h: HttpFacts, **changes: Any) -> HttpFacts:
 def _models(r: Reader, base: str) -> HttpFacts:
     got, data = _call(r, "GET", f"{base}/v1/models", None, MODELS_TIMEOUT_S)
     if got.error is not None or got.status != 200:
-        return got if got.status is None or got.status == 200 else _with(got, body=_body(data))
+        return got if got.status is None or got.status == 200 else _error_body(got, data)
     items = data.get("data") if isinstance(data, dict) else None
     if not isinstance(items, list):
         return _with(got, error="no data list in the answer", body=_body(data))
@@ -163,7 +163,7 @@ def generate(
     payload = {"model": served, "prompt": prompt, "max_tokens": 1, "temperature": 0}
     got, data = _call(r, "POST", f"{base}/v1/completions", payload, timeout_s)
     if got.error is not None or got.status != 200:
-        return got if got.status is None or got.status == 200 else _with(got, body=_body(data))
+        return got if got.status is None or got.status == 200 else _error_body(got, data)
     choices = data.get("choices") if isinstance(data, dict) else None
     if not isinstance(choices, list) or not choices:
         return _with(got, error="no choices in the answer", body=_body(data))
@@ -177,6 +177,11 @@ def generate(
         what = show(json.dumps(raw), 60)
         return _with(got, error=f"usage.completion_tokens is {what}, not a token count")
     return _with(got, tokens=tokens)
+
+
+def _error_body(got: HttpFacts, data: Any) -> HttpFacts:
+    """An error status's answer: its JSON, else the start of its text as _call kept it."""
+    return got if data is None else _with(got, body=_body(data))
 
 
 def _body(data: Any) -> str | None:

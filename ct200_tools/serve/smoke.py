@@ -58,7 +58,9 @@ class Smoke:
             return ""
         # c.error is the probe's own sentence (what the server said in it escaped); the body
         # excerpt is the server's exact text, escaped here.
-        what = c.error or (f"HTTP {c.status}" if c.status != 200 else f"{c.tokens} tokens")
+        said = [f"HTTP {c.status}"] if c.status is not None and c.status != 200 else []
+        said += [c.error] if c.error else []
+        what = ", ".join(said) or f"{c.tokens} tokens"
         return f"POST {c.url} answered without a completion: {what}" + (
             f" ({show(c.body, 300)})" if c.body else ""
         )
