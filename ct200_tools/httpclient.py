@@ -45,6 +45,7 @@ MAX_COUNT: Final = 2**31 - 1
 
 _STATUS_LINE = re.compile(rb"HTTP/1\.[01] ([1-9][0-9]{2})(?: (.*))?")
 _TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_LENGTH = re.compile(r"[0-9]{1,19}")
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;.*)?")
 
 
@@ -135,12 +136,12 @@ def _split(url: str) -> tuple[str, int, str, str]:
     """(host, port, request target, Host header) of an http:// URL; HttpError otherwise."""
     if not url.isascii() or any(c.isspace() or not c.isprintable() for c in url):
         raise HttpError(f"{show(url)} is not a URL this client asks (spaces or control chars)")
-    parts = urllib.parse.urlsplit(url)
     try:
-        port = parts.port or 80
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port if parts.port is not None else 80
     except ValueError:
-        raise HttpError(f"{show(url)} has no valid port") from None
-    if parts.scheme != "http" or not parts.hostname:
+        raise HttpError(f"{show(url)} is not a URL with a valid host and port") from None
+    if parts.scheme != "http" or not parts.hostname or port == 0:
         raise HttpError(f"{show(url)} is not an http:// URL with a host")
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return parts.hostname, port, target, parts.netloc.rpartition("@")[2]
@@ -170,8 +171,9 @@ class _Conn:
         # getaddrinfo has no timeout; hosts here are addresses or names from /etc/hosts.
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            raise HttpError(f"cannot resolve {show(host)}: {exc.strerror or exc}") from None
+        except (OSError, UnicodeError) as exc:  # UnicodeError: a label IDNA cannot encode
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise HttpError(f"cannot resolve {show(host)}: {show(why)}") from None
         why = "no address"
         for family, kind, proto, _, address in infos:
             sock = socket.socket(family, kind, proto)
@@ -291,7 +293,8 @@ def _read_body(conn: _Conn, headers: Mapping[str, str], max_body: int) -> bytes:
         return _read_chunked(conn, max_body)
     if length is not None:
         values = {v.strip() for v in length.split(",")}
-        if len(values) != 1 or not next(iter(values)).isdigit() or len(length) > 20:
+        # ASCII digits only: str.isdigit() takes "²", which int() then refuses.
+        if len(values) != 1 or not _LENGTH.fullmatch(next(iter(values))):
             raise HttpError(f"the answer's Content-Length {show(length, 40)} is not a number")
         n = int(next(iter(values)))
         if n > max_body:

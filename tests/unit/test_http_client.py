@@ -446,6 +446,7 @@ def test_a_chunked_answer_is_read_whole_and_a_cut_one_is_not() -> None:
             "both Transfer-Encoding and Content-Length",
         ),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 2, 3\r\n\r\nok", "Content-Length 2, 3 is not"),
+        ("HTTP/1.1 200 OK\r\nContent-Length: ²\r\n\r\nok".encode(), "Content-Length ² is not"),
         (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", "the answer is not HTTP/1.x: SSH-2.0-OpenSSH_9.2"),
         (b"HTTP/1.1 200 OK\r\nbad header\r\n\r\n", "malformed header field: bad header"),
     ],
@@ -480,7 +481,15 @@ def test_the_deadline_covers_the_whole_request_and_says_so() -> None:
 
 @pytest.mark.parametrize(
     "url",
-    ["https://127.0.0.1/", "http://127.0.0.1:99999/", "http://127.0.0.1/a b", "http:///x"],
+    [
+        "https://127.0.0.1/",
+        "http://127.0.0.1:99999/",
+        "http://127.0.0.1/a b",
+        "http:///x",
+        "http://[::1/",
+        "http://127.0.0.1:0/",
+        f"http://{'a' * 64}.example/",
+    ],
 )
 def test_urls_it_does_not_ask(url: str) -> None:
     with pytest.raises(HttpError):
