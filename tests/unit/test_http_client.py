@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ct200_tools import httpclient
 from ct200_tools.httpclient import HttpError, HttpTimeout, count, parse_json
@@ -512,3 +514,34 @@ def test_json_is_bounded_and_counts_are_strict() -> None:
         None,
         None,
     ]
+
+
+_PIECES = [
+    b"HTTP/1.1 200 OK\r\n",
+    b"HTTP/1.0 302 Found\r\n",
+    b"HTTP/1.1 100 Continue\r\n\r\n",
+    b"Content-Length: 5\r\n",
+    b"Content-Length: -1\r\n",
+    b"Transfer-Encoding: chunked\r\n",
+    b"Location: \x1b[2J\r\n",
+    b"\r\n",
+    b"5\r\nhello\r\n",
+    b"0\r\n\r\n",
+    b"fffffffff\r\n",
+    b"\xff\xfe\x00",
+    b"x" * 10,
+]
+
+
+@settings(max_examples=60)
+@given(st.lists(st.one_of(st.sampled_from(_PIECES), st.binary(max_size=40)), max_size=8))
+def test_any_answer_is_an_answer_or_an_http_error(pieces: list[bytes]) -> None:
+    """Whatever bytes a port sends (HTTP-like pieces and noise), the client returns an Answer
+    or raises HttpError: never another exception, never past its deadline."""
+    raw = b"".join(pieces)
+    with stand_in(lambda m, p, conn, stop: conn.sendall(raw)) as port:
+        try:
+            got = httpclient.request("GET", f"http://127.0.0.1:{port}/", timeout_s=2)
+        except HttpError:
+            return
+    assert 200 <= got.status <= 999 and len(got.body) <= httpclient.MAX_BODY
