@@ -209,8 +209,9 @@ def check_engine(ctx: Context) -> Outcome:
 def _holder(h: PortHolder) -> str:
     if h.pid is None:
         return f"a process on {h.address} that cannot be named ({h.why_unknown})"
-    unit = f", unit {h.unit}" if h.unit else ""
-    return f"pid {h.pid} ({h.name or '?'}{unit}) on {h.address}"
+    unit = f", unit {show(h.unit)}" if h.unit else ""
+    # The process name is whatever the process set (prctl): escaped like all text from outside.
+    return f"pid {h.pid} ({show(h.name or '?')}{unit}) on {h.address}"
 
 
 def _judge_port_free(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
@@ -244,7 +245,7 @@ def _judge_port_free(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
         )
     else:
         fix = Remedy(
-            f"stop pid {h.pid} ({h.name or '?'}), which holds the port, or give server "
+            f"stop pid {h.pid} ({show(h.name or '?')}), which holds the port, or give server "
             f"{s.name} another port",
             where(ctx),
             f"kill {h.pid}",

@@ -361,6 +361,30 @@ def test_the_doctor_reports_a_redirect_as_what_it_is(tmp_path: Path) -> None:
     assert f"/v1/models: HTTP 302, a redirect to http://127.0.0.1:{other}/v1/models" in got.stdout
 
 
+def test_the_doctor_shows_a_port_holders_process_name_escaped(tmp_path: Path) -> None:
+    """Another process holds the server's port; its name is whatever it set (comm, 15 bytes):
+    server.port_free names it escaped (main: raw)."""
+    code = (
+        "import socket, sys\n"
+        "open('/proc/self/comm', 'w').write('\\x1b[2J\\x07ok')\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)\n"
+        "print(s.getsockname()[1], flush=True); sys.stdin.read()\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None
+        port = int(holder.stdout.readline())
+        got = doctor(tmp_path, port, "check", "--only", "server.port_free")
+    finally:
+        holder.kill()
+        holder.wait(10)
+    assert got.returncode == 2, got.stdout + got.stderr
+    assert f"port {port} is taken by pid {holder.pid} (\\x1b[2J\\x07ok)" in got.stdout
+    assert not raw_controls(got.stdout), got.stdout
+
+
 # -- (e) no answer, (f) closed at once, and no proxy ----------------------------------------------
 
 
