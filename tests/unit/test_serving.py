@@ -444,6 +444,9 @@ def test_status_line_reaches_the_notify_socket(
         monkeypatch.setenv("NOTIFY_SOCKET", address)
         assert notify.status("preflight failed:\n  model x")
         assert sock.recv(1024) == b"STATUS=preflight failed: model x"
+        # A control character left in the text is escaped; our own backslashes stay as they are.
+        assert notify.status("got \x1b[2J\x07 from C:\\x")
+        assert sock.recv(1024) == b"STATUS=got \\x1b[2J\\x07 from C:\\x"
     monkeypatch.delenv("NOTIFY_SOCKET")
     assert not notify.status("outside a unit")
 
