@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from ct200_tools.untrusted import show
+
 #: Where Debian's prometheus-node-exporter reads textfiles from.
 TEXTFILE_DIR: Final = "/var/lib/prometheus/node-exporter"
 UNIT_PROPERTIES: Final = (
@@ -331,6 +333,8 @@ def stop_lines(chain: Chain, fix: Callable[[Step], str]) -> list[str]:
     out = [f"stopped at: {stopped.label} ({stopped.unit}): {stopped.state}"]
     if chain.journal:
         out.append(f"  journal of {stopped.unit} (last lines):")
-        out += [f"    {line}" for line in chain.journal]
+        # What the engine printed is not ours: escaped here (a CR or an escape sequence must not
+        # rewrite the report), exact in the JSON.
+        out += [f"    {show(line, 500)}" for line in chain.journal]
     out.append(f"  fix: {fix(stopped)}")
     return out

@@ -32,6 +32,7 @@ from ct200_tools.checks.base import (
 from ct200_tools.checks.staged import model_verdict
 from ct200_tools.facts import HttpFacts, PortHolder, ProcessGpuFacts, ServerFacts, UnitFacts
 from ct200_tools.spec import ServerSpec
+from ct200_tools.untrusted import show
 
 
 @dataclass(frozen=True)
@@ -208,8 +209,9 @@ def check_engine(ctx: Context) -> Outcome:
 def _holder(h: PortHolder) -> str:
     if h.pid is None:
         return f"a process on {h.address} that cannot be named ({h.why_unknown})"
-    unit = f", unit {h.unit}" if h.unit else ""
-    return f"pid {h.pid} ({h.name or '?'}{unit}) on {h.address}"
+    unit = f", unit {show(h.unit)}" if h.unit else ""
+    # The process name is whatever the process set (prctl): escaped like all text from outside.
+    return f"pid {h.pid} ({show(h.name or '?')}{unit}) on {h.address}"
 
 
 def _judge_port_free(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
@@ -243,7 +245,7 @@ def _judge_port_free(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
         )
     else:
         fix = Remedy(
-            f"stop pid {h.pid} ({h.name or '?'}), which holds the port, or give server "
+            f"stop pid {h.pid} ({show(h.name or '?')}), which holds the port, or give server "
             f"{s.name} another port",
             where(ctx),
             f"kill {h.pid}",
@@ -484,9 +486,11 @@ def check_port(ctx: Context) -> Outcome:
 
 
 def _http_failure(h: HttpFacts) -> str:
+    # h.error is our own sentence (the client escaped what the server said in it); the body is
+    # the server's exact text, escaped here where it is shown.
     if h.error is not None and h.status is None:
         return f"{h.url}: {h.error}"
-    body = f": {h.body}" if h.body else ""
+    body = f": {show(h.body, 300)}" if h.body else ""
     what = f"HTTP {h.status}" + (f", {h.error}" if h.error else "")
     return f"{h.url}: {what}{body}"
 
@@ -507,7 +511,9 @@ def _judge_models(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
         )
     if h.served is None:
         return _bad(_http_failure(h), Remedy("read the server's log", where(ctx), journal))
-    listed = ", ".join(h.served) or "nothing"
+    listed = ", ".join(show(name, 100) for name in h.served[:20]) or "nothing"
+    if len(h.served) > 20:
+        listed += f" (+{len(h.served) - 20} more)"
     if want not in h.served:
         return _bad(
             f"/v1/models lists {listed}, not {want!r}",

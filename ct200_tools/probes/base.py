@@ -7,20 +7,16 @@ what a tree cannot hold (char devices, open() errors), override `stat_node` and 
 from __future__ import annotations
 
 import errno
-import http.client
 import io
 import os
 import socket
 import stat
 import subprocess
-import time
-import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: The most a probe reads of an HTTP answer: /v1/models and a 1-token completion are small.
-HTTP_LIMIT = 1 << 20
+from ct200_tools import httpclient
 
 
 @dataclass(frozen=True)
@@ -165,29 +161,14 @@ class Reader:
     def request(
         self, method: str, url: str, body: bytes | None, timeout_s: float
     ) -> tuple[int, bytes]:
-        """One HTTP request: the status and up to HTTP_LIMIT bytes of the body, all within
-        timeout_s (a server that trickles bytes is cut off too). OSError when there is no
-        answer (RunTimeout past the deadline)."""
-        parts = urllib.parse.urlsplit(url)
-        deadline = time.monotonic() + timeout_s
-        conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout_s)
-        try:
-            headers = {"Content-Type": "application/json"} if body is not None else {}
-            conn.request(method, parts.path or "/", body=body, headers=headers)
-            resp = conn.getresponse()
-            data = bytearray()
-            while len(data) < HTTP_LIMIT:
-                if time.monotonic() > deadline:
-                    raise RunTimeout(f"no complete answer within {timeout_s:g} s")
-                chunk = resp.read1(65536)
-                if not chunk:
-                    break
-                data += chunk
-            return resp.status, bytes(data[:HTTP_LIMIT])
-        except (http.client.HTTPException, ValueError) as exc:
-            raise OSError(f"{type(exc).__name__}: {exc}") from None
-        finally:
-            conn.close()
+        """One HTTP request through the one client (ct200_tools.httpclient): the status and the
+        whole body, all within timeout_s. An OSError when there is no complete answer
+        (httpclient.HttpTimeout past the deadline); httpclient.Redirected for a 3xx, which is
+        never followed: the answer must come from the port that was asked."""
+        got = httpclient.request(method, url, body, timeout_s=timeout_s)
+        if got.redirect:
+            raise httpclient.Redirected(got)
+        return got.status, got.body
 
     def note(self, key: str, why: str) -> None:
         self.unreadable.setdefault(key, why)

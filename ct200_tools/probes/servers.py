@@ -18,12 +18,14 @@ from typing import Any
 
 from ct200_tools import engines
 from ct200_tools.facts import HttpFacts, ProcessGpuFacts, ServerFacts, ServingFacts, UnitFacts
+from ct200_tools.httpclient import HttpError, NotJson, Redirected, count, parse_json
 from ct200_tools.probes.base import Reader
 from ct200_tools.probes.engine import probe_engine, probe_quant
 from ct200_tools.probes.ports import probe_port
 from ct200_tools.probes.systemd import probe_units
 from ct200_tools.serving import selected
 from ct200_tools.spec import ServerSpec, SiteSpec
+from ct200_tools.untrusted import show
 
 CONNECT_TIMEOUT_S = 1.0
 MODELS_TIMEOUT_S = 2.0
@@ -103,6 +105,8 @@ def _probe_one(
 
 
 def _why(exc: OSError, timeout_s: float) -> str:
+    if isinstance(exc, HttpError):
+        return str(exc)  # the client's own words, with what the server said escaped
     if isinstance(exc, TimeoutError):
         return f"no answer within {timeout_s:g} s"
     if isinstance(exc, ConnectionRefusedError):
@@ -113,19 +117,22 @@ def _why(exc: OSError, timeout_s: float) -> str:
 def _call(
     r: Reader, method: str, url: str, payload: dict[str, Any] | None, timeout_s: float
 ) -> tuple[HttpFacts, Any]:
+    """One request and its JSON. The facts keep what the server said exactly (body, served
+    names); the checks escape it where they show it."""
     body = json.dumps(payload).encode() if payload is not None else None
     t0 = time.monotonic()
     try:
         status, data = r.request(method, url, body, timeout_s)
+    except Redirected as exc:
+        return HttpFacts(url, status=exc.status, duration_s=_since(t0), error=exc.note), None
     except OSError as exc:
         return HttpFacts(url, duration_s=_since(t0), error=_why(exc, timeout_s)), None
     got = HttpFacts(url, status=status, duration_s=_since(t0))
     try:
-        return got, json.loads(data)
-    # ValueError, not only JSONDecodeError: an integer of more than 4300 digits raises it plainly.
-    except (ValueError, RecursionError):
+        return got, parse_json(data)
+    except NotJson as exc:
         text = data[:300].decode(errors="replace")
-        return _with(got, error="the answer is not JSON", body=text), None
+        return _with(got, error=str(exc), body=text), None
 
 
 def _since(t0: float) -> float:
@@ -139,11 +146,12 @@ def _with(h: HttpFacts, **changes: Any) -> HttpFacts:
 def _models(r: Reader, base: str) -> HttpFacts:
     got, data = _call(r, "GET", f"{base}/v1/models", None, MODELS_TIMEOUT_S)
     if got.error is not None or got.status != 200:
-        return got if got.status is None or got.status == 200 else _with(got, body=_body(data))
+        return got if got.status is None or got.status == 200 else _error_body(got, data)
     items = data.get("data") if isinstance(data, dict) else None
     if not isinstance(items, list):
         return _with(got, error="no data list in the answer", body=_body(data))
-    ids = tuple(str(m.get("id")) for m in items if isinstance(m, dict) and m.get("id") is not None)
+    # An id that is not a string (a number, a list) names no model: it is not listed.
+    ids = tuple(m["id"] for m in items if isinstance(m, dict) and isinstance(m.get("id"), str))
     return _with(got, served=ids)
 
 
@@ -155,13 +163,25 @@ def generate(
     payload = {"model": served, "prompt": prompt, "max_tokens": 1, "temperature": 0}
     got, data = _call(r, "POST", f"{base}/v1/completions", payload, timeout_s)
     if got.error is not None or got.status != 200:
-        return got if got.status is None or got.status == 200 else _with(got, body=_body(data))
+        return got if got.status is None or got.status == 200 else _error_body(got, data)
     choices = data.get("choices") if isinstance(data, dict) else None
     if not isinstance(choices, list) or not choices:
         return _with(got, error="no choices in the answer", body=_body(data))
     usage = data.get("usage") if isinstance(data, dict) else None
-    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    return _with(got, tokens=tokens if isinstance(tokens, int) else None)
+    raw = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if raw is None:
+        return got  # no usage reported: the choice is the completion
+    tokens = count(raw)
+    if tokens is None:
+        # true is a bool (an int to Python), 1.0 a float: neither is a token count.
+        what = show(json.dumps(raw), 60)
+        return _with(got, error=f"usage.completion_tokens is {what}, not a token count")
+    return _with(got, tokens=tokens)
+
+
+def _error_body(got: HttpFacts, data: Any) -> HttpFacts:
+    """An error status's answer: its JSON, else the start of its text as _call kept it."""
+    return got if data is None else _with(got, body=_body(data))
 
 
 def _body(data: Any) -> str | None:

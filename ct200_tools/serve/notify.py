@@ -12,6 +12,8 @@ import os
 import socket
 from typing import Final
 
+from ct200_tools.untrusted import show
+
 #: systemd keeps the status text short in `systemctl status`; the journal has the rest.
 MAX_CHARS: Final = 400
 
@@ -23,7 +25,11 @@ def status(text: str) -> bool:
         return False
     if address.startswith("@"):  # an abstract socket
         address = "\0" + address[1:]
-    line = " ".join(text.split())[:MAX_CHARS]
+    # One line: a newline would start another sd_notify assignment (READY=1, MAINPID=...). The
+    # callers escape what servers say (untrusted.show); any control character left is escaped
+    # here too, the backslashes of our own text kept as they are.
+    flat = " ".join(text.split())
+    line = "".join(ch if ch.isprintable() else show(ch) for ch in flat)[:MAX_CHARS]
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
             sock.connect(address)

@@ -8,14 +8,14 @@ with a message that names the URL, what it last answered and the fix, rather tha
 
 from __future__ import annotations
 
-import http.client
 import os
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
+
+from ct200_tools import httpclient
+from ct200_tools.httpclient import Answer
 
 #: Early polls come fast (a small model is up in well under a second), later ones every half
 #: second: connection refused costs nothing, and SGLang answers 503 at once while loading.
@@ -23,23 +23,18 @@ FIRST_INTERVAL_S: Final = 0.02
 MAX_INTERVAL_S: Final = 0.5
 #: One request may take this long (SGLang's /health_generate runs a generation).
 REQUEST_TIMEOUT_S: Final = 20.0
+#: What a redirect is told it is not (Answer.summary).
+WHAT: Final = "a readiness answer"
 
-#: GET url with a timeout -> HTTP status, or raises OSError (refused, timed out, reset).
-Get = Callable[[str, float], int]
-
-#: Requests go straight to the server: a proxy from the environment must not answer for it.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+#: GET url within a deadline -> the complete answer, or raises OSError (refused, timed out,
+#: cut off: httpclient.HttpError).
+Get = Callable[[str, float], Answer]
 
 
-def http_status(url: str, timeout: float) -> int:
-    try:
-        # The status is in the head: a body (that may trickle in forever) is not waited for.
-        with _OPENER.open(url, timeout=timeout) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except (urllib.error.URLError, http.client.HTTPException) as exc:
-        raise OSError(str(getattr(exc, "reason", exc))) from None
+def http_get(url: str, timeout: float) -> Answer:
+    """The readiness GET: one complete answer within `timeout` in all (head and body), no
+    redirect followed, no proxy asked (ct200_tools.httpclient)."""
+    return httpclient.request("GET", url, timeout_s=timeout)
 
 
 @dataclass(frozen=True)
@@ -48,10 +43,15 @@ class Readiness:
     url: str
     seconds: float
     polls: int
-    #: What the last poll got: "200", "503", "connection refused", ...
+    #: What the last poll got, for people (what the server said escaped): "200 OK",
+    #: "503 Service Unavailable", "connection refused", "302 Found, a redirect to ...".
     last: str
     #: The engine's process ended before it served.
     exited: bool = False
+    #: The last answer's status and reason phrase, exactly as the server sent them (for JSON);
+    #: None when the last poll got no complete answer.
+    status: int | None = None
+    reason: str | None = None
 
 
 def process_alive(pid: int) -> Callable[[], bool]:
@@ -62,27 +62,36 @@ def process_alive(pid: int) -> Callable[[], bool]:
 def wait_ready(
     url: str,
     deadline_s: float,
-    get: Get = http_status,
+    get: Get = http_get,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     alive: Callable[[], bool] | None = None,
 ) -> Readiness:
     started = clock()
     polls, last, interval = 0, "no answer yet", FIRST_INTERVAL_S
+    answer: Answer | None = None
+
+    def result(ok: bool, exited: bool = False) -> Readiness:
+        status, reason = (answer.status, answer.reason) if answer is not None else (None, None)
+        return Readiness(ok, url, clock() - started, polls, last, exited, status, reason)
+
     while True:
         if alive is not None and not alive():
-            return Readiness(False, url, clock() - started, polls, last, exited=True)
+            return result(False, exited=True)
+        # Each request ends at the deadline at the latest: the client bounds the whole of it.
         left = deadline_s - (clock() - started)
+        if left <= 0:
+            return result(False)
         polls += 1
         try:
-            status = get(url, max(0.1, min(REQUEST_TIMEOUT_S, left)))
+            answer = get(url, min(REQUEST_TIMEOUT_S, left))
         except OSError as exc:
-            last = str(exc) or type(exc).__name__
+            answer, last = None, str(exc) or type(exc).__name__
         else:
-            last = str(status)
-            if status == 200:
-                return Readiness(True, url, clock() - started, polls, last)
+            last = answer.summary(WHAT)
+            if answer.status == 200:
+                return result(True)
         if clock() - started + interval > deadline_s:
-            return Readiness(False, url, clock() - started, polls, last)
+            return result(False)
         sleep(interval)
         interval = min(MAX_INTERVAL_S, interval * 2)

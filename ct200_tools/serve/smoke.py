@@ -17,6 +17,7 @@ from ct200_tools.probes.base import Reader
 from ct200_tools.probes.servers import generate
 from ct200_tools.serve.ready import Readiness, wait_ready
 from ct200_tools.spec import ServerSpec
+from ct200_tools.untrusted import show
 
 Ready = Callable[[str, float], Readiness]
 Complete = Callable[[str, str, str, float], HttpFacts]
@@ -55,9 +56,13 @@ class Smoke:
         c = self.completion
         if c is None or self.ok:
             return ""
-        what = c.error or (f"HTTP {c.status}" if c.status != 200 else f"{c.tokens} tokens")
+        # c.error is the probe's own sentence (what the server said in it escaped); the body
+        # excerpt is the server's exact text, escaped here.
+        said = [f"HTTP {c.status}"] if c.status is not None and c.status != 200 else []
+        said += [c.error] if c.error else []
+        what = ", ".join(said) or f"{c.tokens} tokens"
         return f"POST {c.url} answered without a completion: {what}" + (
-            f" ({c.body})" if c.body else ""
+            f" ({show(c.body, 300)})" if c.body else ""
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -68,6 +73,8 @@ class Smoke:
             "ready_url": self.ready.url,
             "ready_seconds": round(self.ready.seconds, 3),
             "ready_last": self.ready.last,
+            "ready_status": self.ready.status,
+            "ready_reason": self.ready.reason,
             "completion_url": None if c is None else c.url,
             "completion_status": None if c is None else c.status,
             "completion_tokens": None if c is None else c.tokens,

@@ -171,6 +171,25 @@ def test_read_asks_systemctl_with_argv_lists() -> None:
     assert calls[0][-2:] == ["ct200-stage@tiny-a.service", "ct200-server-tiny.service"]
 
 
+def test_journal_lines_are_shown_escaped_and_kept_exact_in_json() -> None:
+    """The journal tail is what the engine printed: an escape sequence in it must not rewrite
+    the report (a forged "boot chain: serving" line); the JSON keeps it exactly."""
+    evil = "\x1b[1A\x1b[2Kboot chain: serving\x07"  # up a line, erase it, write a verdict
+
+    def run(argv: list[str] | tuple[str, ...], timeout: float) -> tuple[int, str, str]:
+        if argv[:2] == ["journalctl", "--no-pager"]:
+            return 0, f"{evil}\n", ""
+        if argv[-1].endswith(".service"):
+            return 0, GOOD[0] + block("ct200-server-tiny.service", "failed", "failed", 2, 0), ""
+        return 0, MANAGER, ""
+
+    got = ch.read(SITE, serving_set(SITE, None), Systemd(run))
+    text = "\n".join(ch.lines(got))
+    assert "    \\x1b[1A\\x1b[2Kboot chain: serving\\x07" in text
+    assert not any(ord(c) < 0x20 and c != "\n" for c in text), text
+    assert got.to_dict()["journal"] == [evil]
+
+
 def test_the_gate_judges_the_first_server_that_loads_a_failed_stage() -> None:
     chosen = serving_set(SITE, None)
     stage = ch.Step("stage", "tiny-a", "ct200-stage@tiny-a.service", "failed", "failed")

@@ -338,8 +338,8 @@ def test_smoke_of_a_readiness_path_that_trickles_its_body_ends_at_the_deadline(
     tmp_path: Path,
 ) -> None:
     """A server that answers 200 and then sends its body a byte at a time: the readiness poll
-    knows the status from the head, and must not wait for a body that never ends (each byte
-    arrives within the socket timeout, so only the status is read)."""
+    must not wait for a body that never ends (each byte arrives within the socket timeout), and
+    an answer whose body does not complete is no answer (issue 20: bodies must be complete)."""
     stop = threading.Event()
 
     def answer(conn: socket.socket) -> None:
@@ -359,7 +359,9 @@ def test_smoke_of_a_readiness_path_that_trickles_its_body_ends_at_the_deadline(
         )
         stop.set()
     row = json.loads(proc.stdout)["result"]["servers"][0]
-    assert row["ready_last"] == "200", row
+    assert proc.returncode == 1 and row["ok"] is False, row
+    assert row["ready_last"].startswith("no complete answer within 1 s ("), row
+    assert "bytes its Content-Length announced came" in row["ready_last"], row
 
 
 def test_chain_that_cannot_write_its_textfile_is_broken_not_stopped(

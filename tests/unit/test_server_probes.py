@@ -25,7 +25,8 @@ from ct200_tools.checks import quant
 from ct200_tools.checks.base import Context
 from ct200_tools.checks.server import JUDGES
 from ct200_tools.facts import Facts, ServerFacts, ServingFacts, UnitFacts
-from ct200_tools.probes.base import Ran, Reader, RunTimeout
+from ct200_tools.httpclient import HttpTimeout
+from ct200_tools.probes.base import Ran, Reader
 from ct200_tools.probes.engine import probe_engine, probe_quant
 from ct200_tools.probes.ports import clashes, parse_listeners, probe_port, unit_of
 from ct200_tools.probes.servers import (
@@ -255,7 +256,7 @@ def test_request_is_cut_off_at_its_deadline_even_when_bytes_trickle() -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/v1/models"
-        with pytest.raises(RunTimeout, match=r"no complete answer within 0\.3 s"):
+        with pytest.raises(HttpTimeout, match=r"no complete answer within 0\.3 s"):
             Reader().request("GET", url, None, 0.3)
     finally:
         server.shutdown()

@@ -24,6 +24,7 @@ import pytest
 
 from ct200_tools import engines as engine
 from ct200_tools import serving
+from ct200_tools.httpclient import Answer
 from ct200_tools.serve import notify
 from ct200_tools.serve.preflight import Preflight
 from ct200_tools.serve.ready import process_alive, wait_ready
@@ -413,13 +414,13 @@ def http_server() -> Iterator[tuple[str, list[int]]]:
 def test_wait_ready_returns_at_the_first_200(http_server: tuple[str, list[int]]) -> None:
     url, _ = http_server
     got = wait_ready(url, 30)
-    assert got.ok and got.polls == 3 and got.last == "200"
+    assert got.ok and got.polls == 3 and got.last == "200 OK" and got.status == 200
 
 
 def test_wait_ready_gives_up_at_the_deadline_saying_what_it_got() -> None:
     now = [0.0]
 
-    def get(url: str, timeout: float) -> int:
+    def get(url: str, timeout: float) -> Answer:
         raise OSError("connection refused")
 
     def sleep(s: float) -> None:
@@ -443,6 +444,9 @@ def test_status_line_reaches_the_notify_socket(
         monkeypatch.setenv("NOTIFY_SOCKET", address)
         assert notify.status("preflight failed:\n  model x")
         assert sock.recv(1024) == b"STATUS=preflight failed: model x"
+        # A control character left in the text is escaped; our own backslashes stay as they are.
+        assert notify.status("got \x1b[2J\x07 from C:\\x")
+        assert sock.recv(1024) == b"STATUS=got \\x1b[2J\\x07 from C:\\x"
     monkeypatch.delenv("NOTIFY_SOCKET")
     assert not notify.status("outside a unit")
 
