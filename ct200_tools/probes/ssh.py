@@ -231,6 +231,7 @@ def _login(
             banner_timeout=timeout_s,
             auth_timeout=timeout_s,
             channel_timeout=timeout_s,
+            disabled_algorithms={kind: list(names) for kind, names in target.disabled},
         )
     except UnknownHostKey:
         client.close()

@@ -13,6 +13,7 @@ none of those, and an authentication it does not do fails closed.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import os
 import re
 import shlex
@@ -64,6 +65,8 @@ class SshTarget:
     allow_agent: bool = True
     family: int = socket.AF_UNSPEC
     bind_address: str | None = None
+    #: paramiko's disabled_algorithms: what ssh(1) would not offer (Ciphers, MACs...).
+    disabled: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def key_name(self) -> str:
@@ -284,6 +287,7 @@ def _resolve(
         allow_agent=not only and agent.lower() != "none",
         family=FAMILIES[family],
         bind_address=None if bind is None else str(bind),
+        disabled=_algorithms(cfg, top, found),
     )
     if jump is None:
         jump = found.get("proxyjump")
@@ -306,6 +310,58 @@ def _resolve(
         hops.extend(hop.jumps)
         hops.append(dataclasses.replace(hop, jumps=()))
     return dataclasses.replace(target, jumps=tuple(hops))
+
+
+#: ssh_config option -> (paramiko's disabled_algorithms key, everything paramiko speaks).
+ALGORITHMS = {
+    "ciphers": ("ciphers", paramiko.Transport._preferred_ciphers),
+    "macs": ("macs", paramiko.Transport._preferred_macs),
+    "kexalgorithms": ("kex", paramiko.Transport._preferred_kex),
+    "hostkeyalgorithms": ("keys", paramiko.Transport._preferred_keys),
+    "pubkeyacceptedalgorithms": ("pubkeys", paramiko.Transport._preferred_pubkeys),
+    "pubkeyacceptedkeytypes": ("pubkeys", paramiko.Transport._preferred_pubkeys),
+}
+#: What paramiko offers and ssh(1) does not by default (OpenSSH 9: no CBC, no MD5, no -96).
+NOT_BY_DEFAULT = {"aes128-cbc", "aes192-cbc", "aes256-cbc", "3des-cbc"} | {
+    "hmac-md5",
+    "hmac-md5-96",
+    "hmac-sha1-96",
+}
+NAMES = {
+    "ciphers": "Ciphers",
+    "macs": "MACs",
+    "kexalgorithms": "KexAlgorithms",
+    "hostkeyalgorithms": "HostKeyAlgorithms",
+    "pubkeyacceptedalgorithms": "PubkeyAcceptedAlgorithms",
+    "pubkeyacceptedkeytypes": "PubkeyAcceptedKeyTypes",
+}
+
+
+def _algorithms(cfg: _Config, top: str, found: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Ciphers, MACs, KexAlgorithms, HostKeyAlgorithms, PubkeyAcceptedAlgorithms as ssh(1)
+    reads them (a list replaces the default, +LIST adds, -LIST removes, ^LIST puts first;
+    wildcards allowed), as the algorithms paramiko must not offer. Without them, what ssh(1)
+    offers by default: paramiko would also offer CBC ciphers and MD5 MACs."""
+    disabled: dict[str, set[str]] = {}
+    for option, (kind, speaks) in ALGORITHMS.items():
+        default = [a for a in speaks if a not in NOT_BY_DEFAULT]
+        value = found.get(option)
+        allowed = set(default)
+        if value is not None:
+            text = str(value)
+            head, rest = (text[0], text[1:]) if text[:1] in "+-^" else ("", text)
+            picked = {a for a in speaks for p in rest.split(",") if fnmatch.fnmatchcase(a, p)}
+            allowed = {"": picked, "-": allowed - picked}.get(head, allowed | picked)
+            if not allowed:
+                raise _refuse(
+                    top,
+                    f"{NAMES[option]} {show(text)} leaves nothing paramiko speaks (it speaks "
+                    f"{', '.join(speaks)})",
+                    cfg.where(option),
+                    f"add one of those to {NAMES[option]}",
+                )
+        disabled.setdefault(kind, set()).update(a for a in speaks if a not in allowed)
+    return tuple((kind, tuple(sorted(names))) for kind, names in sorted(disabled.items()))
 
 
 #: Options refused whenever they apply to a host: each would change the route or the trust.

@@ -76,7 +76,8 @@ class StandIn:
         self.routes = dict(routes or {})
         self.host_key = paramiko.ECDSAKey.generate()
         self.forwarded: list[tuple[str, int]] = []
-        self.logins = 0
+        #: The address each connection came from (BindAddress).
+        self.peers: list[str] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._transports: list[paramiko.Transport] = []
@@ -95,6 +96,7 @@ class StandIn:
             threading.Thread(target=self._session, args=(conn,), daemon=True).start()
 
     def _session(self, conn: socket.socket) -> None:
+        self.peers.append(conn.getpeername()[0])
         t = paramiko.Transport(conn)
         t.add_server_key(self.host_key)
         t.set_subsystem_handler("sftp", paramiko.SFTPServer, paramiko.SFTPServerInterface)

@@ -214,7 +214,7 @@ def test_resolve_reads_the_ssh_config(tmp_path: Path) -> None:
             resolve(bad, str(cfg))
     with pytest.raises(SshError, match="is empty"):
         resolve("", str(cfg))
-    with pytest.raises(SshError, match="ssh config .*nope does not exist"):
+    with pytest.raises(SshError, match=r"ssh config .*nope does not exist"):
         resolve("pve", str(tmp_path / "nope"))
 
 

@@ -89,6 +89,43 @@ def test_host_key_alias_names_the_known_hosts_entry(tmp_path: Path, key, servers
     assert "pve-alias" in str(exc.value)
 
 
+def test_algorithms_are_what_ssh_would_offer(tmp_path: Path, key, servers) -> None:  # type: ignore[no-untyped-def]
+    pve = standin(servers, key)
+    body = f"Host pve\n  HostName 127.0.0.1\n  Port {pve.port}\n"
+    known = pve.known_hosts_line()
+    default = dict(resolve("pve", config(tmp_path, key[1], body, known)).disabled)
+    assert {"3des-cbc", "aes128-cbc"} <= set(default["ciphers"]), default
+    assert "hmac-md5" in default["macs"], default
+    cfg = config(
+        tmp_path, key[1], body + "  Ciphers aes256-gcm@openssh.com\n  MACs -hmac-sha1*", known
+    )
+    target = resolve("pve", cfg)
+    assert "hmac-sha1" in dict(target.disabled)["macs"]
+    session = connect(target, 10)
+    try:
+        transport = session.client.get_transport()
+        assert transport is not None and transport.remote_cipher == "aes256-gcm@openssh.com"
+    finally:
+        session.close()
+    cfg = config(tmp_path, key[1], body + "  Ciphers chacha20-poly1305@openssh.com", known)
+    with pytest.raises(SshError, match=r"Ciphers chacha20-poly1305@openssh.com leaves nothing"):
+        resolve("pve", cfg)
+
+
+def test_bind_address_address_family_identities_only(tmp_path: Path, key, servers) -> None:  # type: ignore[no-untyped-def]
+    pve = standin(servers, key)
+    body = f"Host pve\n  HostName 127.0.0.1\n  Port {pve.port}\n  IdentitiesOnly yes\n"
+    known = pve.known_hosts_line()
+    target = resolve("pve", config(tmp_path, key[1], body + "  BindAddress 127.0.0.2", known))
+    assert not target.allow_agent
+    open_and_close(target)
+    assert pve.peers == ["127.0.0.2"]
+    target = resolve("pve", config(tmp_path, key[1], body + "  AddressFamily inet6", known))
+    with pytest.raises(SshError, match=r"cannot resolve 127\.0\.0\.1"):
+        connect(target, 10)
+    assert pve.peers == ["127.0.0.2"]
+
+
 # -- ProxyJump ---------------------------------------------------------------------------------
 def test_proxy_jump_goes_through_the_bastion_with_both_keys_verified(  # type: ignore[no-untyped-def]
     tmp_path: Path, key, servers
