@@ -31,10 +31,12 @@ import paramiko
 
 from ct200_tools.probes.base import NodeStat, Ran, Reader, RunTimeout, SshError
 from ct200_tools.probes.sshconfig import SshTarget, resolve
+from ct200_tools.untrusted import UntrustedInputError, read_bounded
 
 __all__ = ["SshReader", "SshSession", "SshTarget", "connect", "fingerprint", "resolve"]
 
 CONNECT_TIMEOUT_S = 10.0
+MAX_KNOWN_HOSTS_BYTES = 64 << 20
 
 # paramiko's transport thread logs a garbage or closed port's traceback at ERROR; with no
 # handler, logging's last resort prints it on stderr before the doctor's own message. The
@@ -200,13 +202,7 @@ def _login(
     target: SshTarget, sock: Any, where: str, policy: _Refuse, timeout_s: float
 ) -> paramiko.SSHClient:
     client = paramiko.SSHClient()
-    for path in target.known_hosts:
-        if os.path.isfile(path):
-            try:
-                client.load_system_host_keys(path)
-            except (OSError, paramiko.SSHException) as exc:
-                client.close()
-                raise SshError(f"known_hosts {path}: cannot read it: {exc}") from None
+    revoked = _known_hosts(client.get_host_keys(), target.known_hosts)
     client.set_missing_host_key_policy(policy)
     keys = [p for p in target.identity_files if os.path.exists(p)]
     # paramiko takes a list of key files; its stubs say one.
@@ -271,7 +267,52 @@ def _login(
     except Exception as exc:  # noqa: BLE001 - paramiko raises bare Exception on odd key types
         client.close()
         raise SshError(f"{where}: cannot connect ({type(exc).__name__}: {exc})") from None
+    transport = client.get_transport()
+    offered = transport.get_remote_server_key() if transport is not None else None
+    if offered is None or (offered.get_name(), offered.get_base64()) in revoked:
+        client.close()
+        shown = "" if offered is None else f" ({offered.get_name()} {fingerprint(offered)})"
+        raise SshError(
+            f"{where}: its SSH host key{shown} is marked @revoked in known_hosts: the doctor "
+            "does not connect to it; find out why it was revoked before anything else"
+        )
     return client
+
+
+def _known_hosts(keys: paramiko.HostKeys, files: tuple[str, ...]) -> set[tuple[str, str]]:
+    """The known_hosts files into `keys`, as ssh(1) reads them; the @revoked keys returned.
+
+    paramiko's own reader stops at the first marker line (@revoked, @cert-authority). Here a
+    @revoked key is refused whatever else lists it, a @cert-authority line is skipped (the
+    doctor verifies no host certificates, so such a host's key is unknown: refused), and a
+    line that is not a key is skipped, as ssh does."""
+    revoked: set[tuple[str, str]] = set()
+    for path in files:
+        if not os.path.isfile(path):
+            continue
+        fix = f"make {path} a readable known_hosts file (ssh-keygen -R, ssh-keyscan)"
+        try:
+            data = read_bounded(path, "known_hosts", MAX_KNOWN_HOSTS_BYTES, fix)
+        except UntrustedInputError as exc:
+            raise SshError(f"{exc.message}: {exc.fix}") from None
+        for raw in data.decode("utf-8", "replace").splitlines():
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            fields = line.split()
+            if fields[0] == "@revoked" and len(fields) >= 4:
+                revoked.add((fields[2], fields[3]))
+                continue
+            if fields[0].startswith("@"):
+                continue
+            try:
+                entry = paramiko.hostkeys.HostKeyEntry.from_line(" ".join(fields[:3]))
+            except (paramiko.SSHException, ValueError, TypeError):
+                continue
+            if entry is not None and entry.key is not None:
+                for name in entry.hostnames:
+                    keys.add(name, entry.key.get_name(), entry.key)
+    return revoked
 
 
 def _unsupported(what: str) -> OSError:

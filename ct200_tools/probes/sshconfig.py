@@ -312,14 +312,20 @@ def _resolve(
     return dataclasses.replace(target, jumps=tuple(hops))
 
 
+def _speaks(kind: str) -> tuple[str, ...]:
+    # What a Transport offers by default; the class attributes disabled_algorithms filters
+    # (paramiko's stubs do not list them).
+    return tuple(getattr(paramiko.Transport, f"_preferred_{kind}"))
+
+
 #: ssh_config option -> (paramiko's disabled_algorithms key, everything paramiko speaks).
 ALGORITHMS = {
-    "ciphers": ("ciphers", paramiko.Transport._preferred_ciphers),
-    "macs": ("macs", paramiko.Transport._preferred_macs),
-    "kexalgorithms": ("kex", paramiko.Transport._preferred_kex),
-    "hostkeyalgorithms": ("keys", paramiko.Transport._preferred_keys),
-    "pubkeyacceptedalgorithms": ("pubkeys", paramiko.Transport._preferred_pubkeys),
-    "pubkeyacceptedkeytypes": ("pubkeys", paramiko.Transport._preferred_pubkeys),
+    "ciphers": ("ciphers", _speaks("ciphers")),
+    "macs": ("macs", _speaks("macs")),
+    "kexalgorithms": ("kex", _speaks("kex")),
+    "hostkeyalgorithms": ("keys", _speaks("keys")),
+    "pubkeyacceptedalgorithms": ("pubkeys", _speaks("pubkeys")),
+    "pubkeyacceptedkeytypes": ("pubkeys", _speaks("pubkeys")),
 }
 #: What paramiko offers and ssh(1) does not by default (OpenSSH 9: no CBC, no MD5, no -96).
 NOT_BY_DEFAULT = {"aes128-cbc", "aes192-cbc", "aes256-cbc", "3des-cbc"} | {

@@ -77,6 +77,20 @@ def test_direct_connect_with_a_verified_key(tmp_path: Path, key, servers) -> Non
     assert pve.forwarded == []
 
 
+def test_known_hosts_markers_are_read_as_ssh_reads_them(tmp_path: Path, key, servers) -> None:  # type: ignore[no-untyped-def]
+    """paramiko's reader stopped at a @cert-authority line ("cannot read it"); a @revoked key is
+    refused even where another line lists it."""
+    pve = standin(servers, key)
+    ca = paramiko.ECDSAKey.generate()
+    body = f"Host pve\n  HostName 127.0.0.1\n  Port {pve.port}"
+    marked = f"@cert-authority *.example {ca.get_name()} {ca.get_base64()}\n# a comment\n"
+    open_and_close(resolve("pve", config(tmp_path, key[1], body, marked + pve.known_hosts_line())))
+    revoked = f"@revoked * {pve.host_key.get_name()} {pve.host_key.get_base64()}\n"
+    cfg = config(tmp_path, key[1], body, pve.known_hosts_line() + revoked)
+    with pytest.raises(SshError, match="marked @revoked in known_hosts"):
+        connect(resolve("pve", cfg), 10)
+
+
 def test_host_key_alias_names_the_known_hosts_entry(tmp_path: Path, key, servers) -> None:  # type: ignore[no-untyped-def]
     pve = standin(servers, key)
     line = f"pve-alias {pve.host_key.get_name()} {pve.host_key.get_base64()}\n"
