@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import glob
 import os
 import re
 import shlex
@@ -37,6 +38,8 @@ GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 MAX_CONFIG_BYTES = 1 << 20
 #: More jump hosts than this is a ProxyJump loop, not a site's route (ssh(1) would recurse).
 MAX_HOPS = 8
+#: ssh(1)'s own limit on nested Include (READCONF_MAX_DEPTH).
+MAX_INCLUDE_DEPTH = 16
 #: The Match criteria paramiko judges as ssh(1) does; any other would match every host there.
 MATCH_CRITERIA = {"all", "canonical", "final", "host", "originalhost", "user", "localuser"}
 FAMILIES = {"any": socket.AF_UNSPEC, "inet": socket.AF_INET, "inet6": socket.AF_INET6}
@@ -84,15 +87,15 @@ class SshTarget:
 class _Config:
     path: str
     parsed: paramiko.SSHConfig
-    #: keyword (lower case) -> (line number, value) of each line that sets it.
-    lines: dict[str, list[tuple[int, str]]]
+    #: keyword (lower case) -> (file shown, line number, value) of each line that sets it.
+    lines: dict[str, list[tuple[str, int, str]]]
 
     def where(self, key: str, value: object = None) -> str:
         """ " (ssh config PATH line N)": the first line setting `key` (to `value` if given)."""
         found = self.lines.get(key, [])
-        exact = [n for n, v in found if value is not None and _unquote(v) == str(value)]
-        n = (exact or [n for n, _ in found] or [0])[0]
-        return f" (ssh config {self.path}" + (f" line {n})" if n else ")")
+        exact = [(f, n) for f, n, v in found if value is not None and _unquote(v) == str(value)]
+        f, n = (exact or [(f, n) for f, n, _ in found] or [(self.path, 0)])[0]
+        return f" (ssh config {f}" + (f" line {n})" if n else ")")
 
 
 def _unquote(value: str) -> str:
@@ -103,15 +106,34 @@ def _refuse(top: str, what: str, where: str, fix: str = CONFIG_FIX) -> SshError:
     return SshError(f"--host {top}: {what}{where}: {fix}")
 
 
+#: A config line: (file shown, line number, keyword in lower case, value, the line).
+_Line = tuple[str, int, str, str, str]
+
+
 def _load(ssh_config: str | None, top: str) -> _Config:
     path = ssh_config or os.path.expanduser(USER_CONFIG)
     if ssh_config is None and not os.path.lexists(path):
         return _Config(path, paramiko.SSHConfig(), {})
+    lines = _read(path, top, 0, [MAX_CONFIG_BYTES * 4])
+    cfg = _Config(show(path), paramiko.SSHConfig(), {})
+    for shown, n, key, value, _ in lines:
+        cfg.lines.setdefault(key, []).append((shown, n, value))
+    try:
+        cfg.parsed = paramiko.SSHConfig.from_text("\n".join(line[4] for line in lines))
+    except Exception as exc:  # noqa: BLE001 - paramiko's parse errors have no common type
+        raise SshError(f"--ssh-config: ssh config {show(path)}: {show(exc, 200)}") from None
+    return cfg
+
+
+def _read(path: str, top: str, depth: int, budget: list[int]) -> list[_Line]:
+    """The config's lines, each Include replaced by the files it names (as ssh(1) reads them:
+    relative to ~/.ssh, globbed, sorted), every file bounded and checked."""
     fix = "give --ssh-config a regular ssh config file of at most 1 MiB (as for ssh -F)"
     try:
-        data = read_bounded(path, "ssh config", MAX_CONFIG_BYTES, fix)
+        data = read_bounded(path, "ssh config", min(MAX_CONFIG_BYTES, budget[0]), fix)
     except UntrustedInputError as exc:
         raise SshError(f"--ssh-config: {exc.message}: {exc.fix}") from None
+    budget[0] -= len(data)
     shown = show(path)
     try:
         text = data.decode("utf-8")
@@ -119,30 +141,65 @@ def _load(ssh_config: str | None, top: str) -> _Config:
         raise SshError(
             f"--ssh-config: ssh config {shown} is not UTF-8 (byte {exc.start})"
         ) from None
-    cfg = _Config(shown, paramiko.SSHConfig(), {})
+    out: list[_Line] = []
+    in_block = False
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         m = paramiko.SSHConfig.SETTINGS_REGEX.match(line)
         if m is None:
-            continue  # paramiko's parse below says which line it cannot read
+            out.append((shown, n, "", "", line))  # paramiko's parse says it cannot read it
+            continue
         key, value = m.group(1).lower(), m.group(2)
-        cfg.lines.setdefault(key, []).append((n, value))
         where = f" (ssh config {shown} line {n})"
         if not is_plain(line.replace("\t", " ")):
             raise _refuse(top, f"{m.group(1)} '{show(value)}' holds a control character", where)
-        if key == "include":
-            # Included files would change any host's route; their Host blocks cannot be nested
-            # inside ours in paramiko's model, so they are refused rather than half-read.
-            raise _refuse(top, f"Include {value}: the doctor does not read included files", where)
+        if key in ("host", "match"):
+            in_block = True
         if key == "match":
             _check_match(top, value, where)
+        if key != "include":
+            out.append((shown, n, key, value, line))
+            continue
+        included = _include(value, top, where, depth, budget)
+        if any(k in ("host", "match") for _, _, k, _, _ in included):
+            if in_block:
+                # paramiko's blocks do not nest: the included Host blocks would apply to
+                # hosts the enclosing block does not match.
+                raise _refuse(
+                    top,
+                    f"Include {show(value)} inside a Host or Match block names files with Host "
+                    "or Match blocks of their own, which the doctor cannot nest",
+                    where,
+                    "move the Include above the first Host line",
+                )
+            # After the included files, the lines apply to every host again, as in ssh(1).
+            included.append((shown, n, "host", "*", "Host *"))
+        out.extend(included)
+    return out
+
+
+def _include(value: str, top: str, where: str, depth: int, budget: list[int]) -> list[_Line]:
+    if depth >= MAX_INCLUDE_DEPTH:
+        raise _refuse(
+            top,
+            f"Include {show(value)}: included more than {MAX_INCLUDE_DEPTH} deep (a loop?)",
+            where,
+            "fix the Include",
+        )
     try:
-        cfg.parsed = paramiko.SSHConfig.from_text(text)
-    except Exception as exc:  # noqa: BLE001 - paramiko's parse errors have no common type
-        raise SshError(f"--ssh-config: ssh config {shown}: {show(exc, 200)}") from None
-    return cfg
+        patterns = shlex.split(value)
+    except ValueError:
+        raise _refuse(top, f"Include {show(value)}: unbalanced quotes", where) from None
+    out: list[_Line] = []
+    for pattern in patterns:
+        full = os.path.expanduser(pattern)
+        if not os.path.isabs(full):
+            full = os.path.join(os.path.expanduser("~/.ssh"), full)
+        for path in sorted(glob.glob(full)):
+            out.extend(_read(path, top, depth + 1, budget))
+    return out
 
 
 def _check_match(top: str, value: str, where: str) -> None:

@@ -260,7 +260,6 @@ def test_bad_proxy_jump_is_refused(tmp_path: Path, key, jump: str, why: str) -> 
     [
         ("ProxyCommand nc %h %p", "ProxyCommand"),
         ("ProxyCommand ssh -W %h:%p bastion", "ProxyCommand"),
-        ("Include other.conf", "Include"),
         ("BindInterface eth1", "BindInterface"),
         ("RevokedHostKeys /etc/ssh/revoked", "RevokedHostKeys"),
         ("IdentityAgent /run/other-agent.sock", "IdentityAgent"),
@@ -275,6 +274,30 @@ def test_options_that_change_the_route_are_refused_by_name(  # type: ignore[no-u
         resolve("pve", cfg)
     msg = str(exc.value)
     assert name in msg and f"{tmp_path}/config line 3" in msg, msg
+
+
+def test_include_is_read_as_ssh_reads_it(tmp_path: Path, key) -> None:  # type: ignore[no-untyped-def]
+    """An included file's ProxyJump is the route (ignored, it bypassed the bastion); after the
+    Include, lines apply to every host again; Host blocks included inside a block are refused."""
+    (tmp_path / "conf.d").mkdir()
+    (tmp_path / "conf.d" / "10-pve.conf").write_text(
+        "Host pve\n  HostName pve.internal\n  ProxyJump bastion\nHost other\n  Port 2\n"
+    )
+    (tmp_path / "conf.d" / "20-empty.conf").write_text("# nothing\n")
+    body = f"Include {tmp_path}/conf.d/*.conf\nPort 2222\nHost bastion\n  HostName 10.0.0.9"
+    t = resolve("pve", config(tmp_path, key[1], body))
+    assert (t.hostname, t.port) == ("pve.internal", 2222)
+    assert [(j.alias, j.hostname, j.port) for j in t.jumps] == [("bastion", "10.0.0.9", 2222)]
+    inside = f"Host pve\n  Include {tmp_path}/conf.d/10-pve.conf"
+    with pytest.raises(SshError, match=r"Include .* inside a Host or Match block .*line 2"):
+        resolve("pve", config(tmp_path, key[1], inside))
+    (tmp_path / "conf.d" / "30-loop.conf").write_text(f"Include {tmp_path}/conf.d/30-loop.conf\n")
+    with pytest.raises(SshError, match="more than 16 deep"):
+        resolve("pve", config(tmp_path, key[1], body))
+    os.mkfifo(tmp_path / "conf.d" / "30-loop.conf.fifo")
+    (tmp_path / "conf.d" / "30-loop.conf").write_text(f"Include {tmp_path}/conf.d/*.fifo\n")
+    with pytest.raises(SshError, match="is a FIFO"):
+        resolve("pve", config(tmp_path, key[1], body))
 
 
 def test_match_criteria_paramiko_cannot_judge_are_refused(tmp_path: Path, key) -> None:  # type: ignore[no-untyped-def]
