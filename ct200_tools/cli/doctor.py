@@ -96,8 +96,8 @@ def host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         "--ssh-config",
         "ssh_config",
         type=click.Path(dir_okay=False),
-        help="The ssh config that resolves --host (HostName, User, Port, IdentityFile, "
-        "UserKnownHostsFile) [default: ~/.ssh/config].",
+        help="The ssh config that resolves --host, as ssh -F (HostName, User, Port, "
+        "IdentityFile, ProxyJump...; what else: docs/host.md) [default: ~/.ssh/config].",
     )(fn)
     return click.option(
         "--host",

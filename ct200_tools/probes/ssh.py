@@ -8,7 +8,8 @@ Host keys: only keys already recorded in known_hosts are accepted (the files ssh
 ~/.ssh/known_hosts and /etc/ssh/ssh_known_hosts, or what the ssh config's UserKnownHostsFile and
 GlobalKnownHostsFile name); an unknown or changed key refuses the connection with the fix. A
 key is never added (no AutoAddPolicy, whatever StrictHostKeyChecking says), and known_hosts is
-never written.
+never written. Each ProxyJump hop is verified the same way before anything goes through it.
+What the ssh config may say: probes/sshconfig.py.
 """
 
 from __future__ import annotations
