@@ -23,16 +23,20 @@ import os
 import shlex
 import socket
 import stat
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-import paramiko
+# paramiko.config imports invoke (about 60% of paramiko's import time) only to run an ssh
+# config's `Match exec`, which sshconfig.py refuses: keep it out before paramiko is imported.
+sys.modules.setdefault("invoke", None)  # type: ignore[arg-type]
+import paramiko  # noqa: E402
 
-from ct200_tools.probes.base import NodeStat, Ran, Reader, RunTimeout, SshError
-from ct200_tools.probes.sshconfig import SshTarget, resolve
-from ct200_tools.untrusted import UntrustedInputError, read_bounded
+from ct200_tools.probes.base import NodeStat, Ran, Reader, RunTimeout, SshError  # noqa: E402
+from ct200_tools.probes.sshconfig import SshTarget, resolve  # noqa: E402
+from ct200_tools.untrusted import UntrustedInputError, read_bounded  # noqa: E402
 
 __all__ = ["SshReader", "SshSession", "SshTarget", "connect", "fingerprint", "resolve"]
 
