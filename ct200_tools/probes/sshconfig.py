@@ -237,7 +237,8 @@ def _port(top: str, value: object, what: str, where: str) -> int:
 def _name(top: str, value: str, what: str, where: str) -> str:
     """A host or user name: as ssh(1) would take it as an argument, never an option."""
     if not value or value.startswith("-") or any(c.isspace() for c in value) or "@" in value:
-        raise _refuse(top, f"{what} '{show(value)}' is not a host", where, "fix the name")
+        kind = "a user" if what.endswith("User") or what.endswith("user") else "a host"
+        raise _refuse(top, f"{what} '{show(value)}' is not {kind}", where, "fix the name")
     if not is_plain(value):
         raise _refuse(top, f"{what} '{show(value)}' holds a control character", where)
     return value
@@ -324,7 +325,10 @@ def _resolve(
     family = str(found.get("addressfamily", "any")).lower()
     if family not in FAMILIES:
         raise _refuse(
-            top, f"AddressFamily {family}", cfg.where("addressfamily"), "any, inet or inet6"
+            top,
+            f"AddressFamily {family} is not any, inet or inet6",
+            cfg.where("addressfamily"),
+            "fix it",
         )
     bind = found.get("bindaddress")
     agent = str(found.get("identityagent", "SSH_AUTH_SOCK"))

@@ -50,7 +50,11 @@ class _Iface(paramiko.ServerInterface):
 
 
 def _pump(chan: paramiko.Channel, port: int) -> None:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 5) as sock:
+    # Either side may go first (EOFError from paramiko, OSError from the socket): the end.
+    with (
+        contextlib.suppress(OSError, EOFError, paramiko.SSHException),
+        socket.create_connection(("127.0.0.1", port), 5) as sock,
+    ):
         try:
             while True:
                 ready, _, _ = select.select([chan, sock], [], [], 10)
@@ -67,7 +71,8 @@ def _pump(chan: paramiko.Channel, port: int) -> None:
                         return
                     chan.sendall(data)
         finally:
-            chan.close()
+            with contextlib.suppress(Exception):  # the client may have gone first
+                chan.close()
 
 
 class StandIn:

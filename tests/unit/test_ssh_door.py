@@ -376,6 +376,26 @@ def test_a_port_that_speaks_garbage_gives_only_the_doctors_message(  # type: ign
     assert lines[0].startswith(f"ct200-doctor: --host pve: root@pve (127.0.0.1):{port}: cannot")
 
 
+def test_the_doctor_reads_the_host_through_the_bastion(tmp_path: Path, key, servers) -> None:  # type: ignore[no-untyped-def]
+    pve = standin(servers, key)
+    bastion = standin(servers, key, pve_internal=pve.port)
+    body = (
+        f"Host pve\n  HostName pve.internal\n  Port {pve.port}\n  ProxyJump bastion\n"
+        f"Host bastion\n  HostName 127.0.0.1\n  Port {bastion.port}"
+    )
+    known = bastion.known_hosts_line() + pve.known_hosts_line("pve.internal")
+    cfg = config(tmp_path, key[1], body, known)
+    r = doctor(
+        "check", "--host", "pve", "--ssh-config", cfg, "--spec", "inventory/ct200",
+        "--only", "lxc.nodes",
+    )  # fmt: skip
+    # The stand-in serves no files: the host's checks skip, saying what could not be read.
+    assert "Traceback" not in r.stderr and r.returncode == 2, r.stdout + r.stderr
+    route = f"ssh root@pve (pve.internal):{pve.port} via root@bastion (127.0.0.1):{bastion.port}"
+    assert f"read over {route}" in r.stdout, r.stdout
+    assert bastion.forwarded == [("pve.internal", pve.port)]
+
+
 @pytest.mark.parametrize(("value", "shown"), [("", "empty"), ("a\x1b", "a\\x1b"), ("\r", "\\r")])
 def test_host_empty_or_with_control_characters_is_a_usage_error(value: str, shown: str) -> None:
     r = doctor("check", "--host", value, "--spec", "inventory/ct200", "--only", "lxc.nodes")
