@@ -342,7 +342,7 @@ def _resolve(
         hostname=hostname,
         port=port,
         user=user,
-        identity_files=tuple(_split_files(found.get("identityfile"))),
+        identity_files=tuple(f for f in _split_files(found.get("identityfile")) if f != os.devnull),
         known_hosts=tuple(dict.fromkeys([*user_files, *global_files])),
         host_key_alias=alias,
         allow_agent=not only and agent.lower() != "none",
@@ -480,7 +480,9 @@ def _split_files(value: Any) -> list[str]:
     if value is None:
         return []
     items = value if isinstance(value, list) else [value]
-    return [os.path.expanduser(w) for item in items for w in str(item).split()]
+    words = [w for item in items for w in str(item).split()]
+    # `none` is ssh(1)'s "no file": no known hosts (never a file of that name here).
+    return [os.path.expanduser(w) if w.lower() != "none" else os.devnull for w in words]
 
 
 def _login() -> str:

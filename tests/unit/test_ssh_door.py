@@ -306,10 +306,16 @@ def test_match_criteria_paramiko_cannot_judge_are_refused(tmp_path: Path, key) -
         resolve("pve", cfg)
 
 
-def test_proxy_command_none_is_direct(tmp_path: Path, key) -> None:  # type: ignore[no-untyped-def]
-    body = "Host pve\n  HostName 10.0.0.5\n  ProxyCommand none\n  ProxyJump none"
+def test_none_values(tmp_path: Path, key, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    body = (
+        "Host pve\n  HostName 10.0.0.5\n  ProxyCommand none\n  ProxyJump none\n"
+        "  UserKnownHostsFile none\n  IdentityFile none"
+    )
+    (tmp_path / "none").write_text("")  # `none` is no file, not one in the working directory
+    monkeypatch.chdir(tmp_path)
     t = resolve("pve", config(tmp_path, key[1], body))
     assert (t.hostname, t.jumps) == ("10.0.0.5", ())
+    assert t.known_hosts == ("/dev/null",) and t.identity_files == (str(key[1]),)
 
 
 @pytest.mark.parametrize("port", ["70000", "0", "-1", "65536", "22x", "0x16", "99999999999"])
