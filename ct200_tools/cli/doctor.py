@@ -96,17 +96,40 @@ def host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         "--ssh-config",
         "ssh_config",
         type=click.Path(dir_okay=False),
-        help="The ssh config that resolves --host (HostName, User, Port, IdentityFile, "
-        "UserKnownHostsFile) [default: ~/.ssh/config].",
+        help="The ssh config that resolves --host, as ssh -F (HostName, User, Port, "
+        "IdentityFile, ProxyJump...; what else: docs/host.md) [default: ~/.ssh/config].",
     )(fn)
     return click.option(
         "--host",
         "host",
         metavar="HOST",
+        callback=_host_value,
         help="Also read the PVE host and judge it (host.*, lxc.*): over SSH ([USER@]NAME as "
         "for ssh; its key must be in known_hosts), or `local` on the host itself (no SSH). "
         "Needs the spec's pve.vmid.",
     )(fn)
+
+
+def _host_value(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """An empty --host was a silent skip (exit 0), and a control character reached the
+    terminal raw: both are usage errors, the value shown escaped."""
+    from ct200_tools.untrusted import is_plain, show  # noqa: PLC0415
+
+    if value is None:
+        return None
+    if not value:
+        raise click.BadParameter(
+            "empty: give the PVE host's name ([USER@]NAME, as for ssh), or `local` on the host",
+            ctx,
+            param,
+        )
+    if not is_plain(value):
+        raise click.BadParameter(
+            f"'{show(value)}' holds a control character: give the host's name as for ssh",
+            ctx,
+            param,
+        )
+    return value
 
 
 def _check_host_args(host: str, spec: SiteSpec | None, source: str | None) -> SiteSpec:

@@ -137,7 +137,8 @@ def start(host: str, spec: SiteSpec, ssh_config: str | None, timeout_s: float) -
     else:
         ssh = _ssh_module(host)
         target = ssh.resolve(host, ssh_config)
-        probe = HostProbe(None, spec, f"ssh {target.describe()}", target)
+        via = "".join(f" via {j.describe()}" for j in reversed(target.jumps))
+        probe = HostProbe(None, spec, f"ssh {target.describe()}{via}", target)
         probe.timeout_s = timeout_s
     probe.start()
     return probe

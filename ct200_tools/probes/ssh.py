@@ -8,7 +8,8 @@ Host keys: only keys already recorded in known_hosts are accepted (the files ssh
 ~/.ssh/known_hosts and /etc/ssh/ssh_known_hosts, or what the ssh config's UserKnownHostsFile and
 GlobalKnownHostsFile name); an unknown or changed key refuses the connection with the fix. A
 key is never added (no AutoAddPolicy, whatever StrictHostKeyChecking says), and known_hosts is
-never written.
+never written. Each ProxyJump hop is verified the same way before anything goes through it.
+What the ssh config may say: probes/sshconfig.py.
 """
 
 from __future__ import annotations
@@ -17,107 +18,36 @@ import base64
 import errno
 import hashlib
 import io
+import logging
 import os
 import shlex
 import socket
 import stat
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
 # paramiko.config imports invoke (about 60% of paramiko's import time) only to run an ssh
-# config's `Match exec`; the doctor does not run commands from a config. Without it, such a
-# config is an error that says so (resolve).
+# config's `Match exec`, which sshconfig.py refuses: keep it out before paramiko is imported.
 sys.modules.setdefault("invoke", None)  # type: ignore[arg-type]
 import paramiko  # noqa: E402
 
 from ct200_tools.probes.base import NodeStat, Ran, Reader, RunTimeout, SshError  # noqa: E402
+from ct200_tools.probes.sshconfig import SshTarget, resolve  # noqa: E402
+from ct200_tools.untrusted import UntrustedInputError, read_bounded  # noqa: E402
 
-#: ssh(1)'s defaults.
-USER_CONFIG = "~/.ssh/config"
-USER_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
-GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
+__all__ = ["SshReader", "SshSession", "SshTarget", "connect", "fingerprint", "resolve"]
+
 CONNECT_TIMEOUT_S = 10.0
+MAX_KNOWN_HOSTS_BYTES = 64 << 20
 
-
-@dataclass(frozen=True)
-class SshTarget:
-    #: What was asked for (--host), as ssh(1) would be given it.
-    alias: str
-    hostname: str
-    port: int
-    user: str
-    identity_files: tuple[str, ...]
-    #: The known_hosts files consulted, in order (missing ones included: the message lists them).
-    known_hosts: tuple[str, ...]
-
-    @property
-    def key_name(self) -> str:
-        """How known_hosts names it (OpenSSH: [host]:port off port 22)."""
-        return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
-
-    def describe(self) -> str:
-        shown = self.alias if self.alias == self.hostname else f"{self.alias} ({self.hostname})"
-        return f"{self.user}@{shown}" + ("" if self.port == 22 else f":{self.port}")
-
-
-def _split_files(value: Any) -> list[str]:
-    if value is None:
-        return []
-    items = value if isinstance(value, list) else [value]
-    return [os.path.expanduser(w) for item in items for w in str(item).split()]
-
-
-def resolve(host: str, ssh_config: str | None = None) -> SshTarget:
-    """HOST ([USER@]NAME) as ssh(1) resolves it through the ssh config: HostName, Port, User,
-    IdentityFile, UserKnownHostsFile, GlobalKnownHostsFile. ssh_config: a file (it must exist);
-    None: ~/.ssh/config when there is one."""
-    user, at, name = host.rpartition("@")
-    if not name or name.startswith("-") or any(c.isspace() for c in host) or (at and not user):
-        raise SshError(f"--host {host!r} is not a host: give NAME or USER@NAME (as for ssh)")
-    cfg = paramiko.SSHConfig()
-    path = ssh_config or os.path.expanduser(USER_CONFIG)
-    if ssh_config is not None or os.path.exists(path):
-        try:
-            cfg = paramiko.SSHConfig.from_path(path)
-        except OSError as exc:
-            raise SshError(f"--ssh-config {path}: cannot read it: {exc.strerror or exc}") from None
-        except Exception as exc:  # noqa: BLE001 - paramiko's parse errors have no common type
-            raise SshError(f"ssh config {path}: {exc}") from None
-    try:
-        found = cfg.lookup(name)
-    except ImportError:
-        raise SshError(
-            f"ssh config {path}: `Match exec` runs a command to pick settings; the doctor runs "
-            f"none: give it a config without it (--ssh-config FILE)"
-        ) from None
-    try:
-        port = int(found.get("port", 22))
-    except ValueError:
-        raise SshError(f"ssh config {path}: Port {found.get('port')!r} is not a number") from None
-    user_files = _split_files(found.get("userknownhostsfile")) or [
-        os.path.expanduser(p) for p in USER_KNOWN_HOSTS
-    ]
-    global_files = _split_files(found.get("globalknownhostsfile")) or list(GLOBAL_KNOWN_HOSTS)
-    return SshTarget(
-        alias=name,
-        hostname=str(found.get("hostname", name)),
-        port=port,
-        user=user or str(found.get("user") or _login()),
-        identity_files=tuple(_split_files(found.get("identityfile"))),
-        known_hosts=tuple(dict.fromkeys([*user_files, *global_files])),
-    )
-
-
-def _login() -> str:
-    try:
-        import pwd  # noqa: PLC0415 - POSIX only, as ssh
-
-        return pwd.getpwuid(os.getuid()).pw_name
-    except (ImportError, KeyError):
-        return os.environ.get("USER", "root")
+# paramiko's transport thread logs a garbage or closed port's traceback at ERROR; with no
+# handler, logging's last resort prints it on stderr before the doctor's own message. The
+# doctor says what happened itself (connect's SshError).
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -133,8 +63,8 @@ class UnknownHostKey(SshError):
 class _Refuse(paramiko.RejectPolicy):
     """RejectPolicy, raising an error that names the host, the key offered and the fix."""
 
-    def __init__(self, target: SshTarget) -> None:
-        self.target = target
+    def __init__(self, target: SshTarget, label: str, direct: bool, top: str) -> None:
+        self.target, self.label, self.direct, self.top = target, label, direct, top
 
     def missing_host_key(
         self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
@@ -146,13 +76,19 @@ class _Refuse(paramiko.RejectPolicy):
             os.path.expanduser("~/.ssh/known_hosts"),
         )
         port = "" if t.port == 22 else f"-p {t.port} "
+        # ssh-keyscan reaches only a host this machine reaches, and records no HostKeyAlias.
+        keyscan = (
+            f" or `ssh-keyscan {port}-H {t.hostname} >> {shlex.quote(user_file)}`"
+            if self.direct and t.host_key_alias is None
+            else ""
+        )
+        alias = "" if t.host_key_alias is None else f" (HostKeyAlias {t.host_key_alias})"
         raise UnknownHostKey(
-            f"--host {t.alias}: the SSH host key of {t.describe()} is not in known_hosts "
+            f"{self.label} is not in known_hosts{alias} "
             f"({files}); it offered {key.get_name()} {fingerprint(key)}. The doctor never trusts "
             f"an unknown key: compare that fingerprint with the host's own "
             f"(ssh-keygen -lf /etc/ssh/ssh_host_{_short(key)}_key.pub on its console), then "
-            f"record it with `ssh {t.alias} true` (answer yes) or "
-            f"`ssh-keyscan {port}-H {t.hostname} >> {shlex.quote(user_file)}`, and run again"
+            f"record it with `ssh {self.top} true` (answer yes){keyscan}, and run again"
         )
 
 
@@ -168,41 +104,136 @@ class SshSession:
     target: SshTarget
     client: paramiko.SSHClient
     sftp: paramiko.SFTPClient
+    #: The jump hosts' connections, in the order made (closed after the host's, last first).
+    jumps: tuple[paramiko.SSHClient, ...] = field(default=())
 
     def close(self) -> None:
         self.sftp.close()
         self.client.close()
+        for client in reversed(self.jumps):
+            client.close()
 
 
 def connect(target: SshTarget, timeout_s: float = CONNECT_TIMEOUT_S) -> SshSession:
     """An SSH session with the host's key verified against known_hosts; SshError otherwise.
-    Keys: the ssh config's IdentityFile, else the agent and ~/.ssh/id_*; never a password."""
+
+    With ProxyJump, each jump host is connected and its key verified in turn, and the next one
+    reached through it over a direct-tcpip channel (as `ssh -J`: the name is resolved by the
+    jump host). Keys: IdentityFile, the agent (unless IdentitiesOnly), ~/.ssh/id_* when no
+    IdentityFile is given; never a password."""
+    top = target.alias
+    hops = [*target.jumps, target]
+    made: list[paramiko.SSHClient] = []
+    try:
+        sock: Any = None
+        for i, hop in enumerate(hops):
+            jump = i < len(hops) - 1
+            where = f"--host {top}: " + (f"jump host {hop.describe()}" if jump else hop.describe())
+            label = (
+                f"{where}: the SSH host key"
+                if jump
+                else f"--host {top}: the SSH host key of {hop.describe()}"
+            )
+            if sock is None:
+                sock = _dial(hop, where, timeout_s)
+            made.append(_login(hop, sock, where, _Refuse(hop, label, i == 0, top), timeout_s))
+            if jump:
+                sock = _forward(made[-1], hops[i + 1], where, top, timeout_s)
+        try:
+            sftp = made[-1].open_sftp()
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise SshError(
+                f"--host {top}: {target.describe()}: no SFTP ({_why(exc)}): the doctor reads the "
+                "host's files over SFTP, as scp does: check its sshd's Subsystem sftp"
+            ) from None
+    except BaseException:
+        for client in reversed(made):
+            client.close()
+        raise
+    return SshSession(target, made[-1], sftp, tuple(made[:-1]))
+
+
+def _why(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+
+
+def _dial(target: SshTarget, where: str, timeout_s: float) -> socket.socket:
+    """The TCP connection to the first hop: AddressFamily and BindAddress as ssh(1) takes them."""
+    try:
+        infos = socket.getaddrinfo(target.hostname, target.port, target.family, socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise SshError(
+            f"{where}: cannot resolve {target.hostname} ({exc.strerror}): fix the name, or "
+            "give its HostName in the ssh config"
+        ) from None
+    why = "no address"
+    for family, kind, proto, _, addr in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout_s)
+            if target.bind_address is not None:
+                sock.bind((target.bind_address, 0))
+            sock.connect(addr)
+        except OSError as exc:
+            sock.close()
+            why = _why(exc)
+            continue
+        return sock
+    raise SshError(f"{where}: cannot connect ({why}): check that `ssh {target.alias} true` works")
+
+
+def _forward(
+    client: paramiko.SSHClient, nxt: SshTarget, where: str, top: str, timeout_s: float
+) -> paramiko.Channel:
+    """A direct-tcpip channel from this jump host to the next hop (ssh -W host:port)."""
+    transport = client.get_transport()
+    try:
+        if transport is None:
+            raise paramiko.SSHException("the connection closed")
+        return transport.open_channel(
+            "direct-tcpip", (nxt.hostname, nxt.port), ("127.0.0.1", 0), timeout=timeout_s
+        )
+    except paramiko.ChannelException as exc:
+        why = exc.text
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        why = _why(exc)
+    raise SshError(
+        f"{where}: could not open {nxt.hostname}:{nxt.port} ({why}): check the HostName and "
+        f"Port of {nxt.alias}, and that `ssh {top} true` works"
+    )
+
+
+def _login(
+    target: SshTarget, sock: Any, where: str, policy: _Refuse, timeout_s: float
+) -> paramiko.SSHClient:
     client = paramiko.SSHClient()
-    for path in target.known_hosts:
-        if os.path.isfile(path):
-            try:
-                client.load_system_host_keys(path)
-            except (OSError, paramiko.SSHException) as exc:
-                raise SshError(f"known_hosts {path}: cannot read it: {exc}") from None
-    client.set_missing_host_key_policy(_Refuse(target))
+    revoked = _known_hosts(client.get_host_keys(), target.known_hosts)
+    client.set_missing_host_key_policy(policy)
     keys = [p for p in target.identity_files if os.path.exists(p)]
     # paramiko takes a list of key files; its stubs say one.
     key_filename: Any = keys or None
-    where = f"--host {target.alias}: {target.describe()}"
+    # The name known_hosts is searched under: paramiko forms it from hostname and port (the
+    # socket is ours, so neither is dialled); a HostKeyAlias is looked up as it is.
+    name, port = (
+        (target.host_key_alias, 22)
+        if target.host_key_alias is not None
+        else (target.hostname, target.port)
+    )
     try:
         client.connect(
-            target.hostname,
-            port=target.port,
+            name,
+            port=port,
+            sock=sock,
             username=target.user,
             key_filename=key_filename,
             look_for_keys=not keys,
-            allow_agent=not keys,
+            allow_agent=target.allow_agent,
             timeout=timeout_s,
             banner_timeout=timeout_s,
             auth_timeout=timeout_s,
             channel_timeout=timeout_s,
+            disabled_algorithms={kind: list(names) for kind, names in target.disabled},
         )
-        sftp = client.open_sftp()
     except UnknownHostKey:
         client.close()
         raise
@@ -233,22 +264,60 @@ def connect(target: SshTarget, timeout_s: float = CONNECT_TIMEOUT_S) -> SshSessi
             f"{where}: no key to log in with (no IdentityFile in the ssh config, no agent, no "
             f"~/.ssh/id_*): check that `ssh {target.alias} true` works without a password"
         ) from None
-    except socket.gaierror as exc:
-        client.close()
-        raise SshError(
-            f"{where}: cannot resolve {target.hostname} ({exc.strerror}): fix the name, or "
-            "give its HostName in the ssh config"
-        ) from None
     except (OSError, EOFError) as exc:
         client.close()
-        why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         raise SshError(
-            f"{where}: cannot connect ({why}): check that `ssh {target.alias} true` works"
+            f"{where}: cannot connect ({_why(exc)}): check that `ssh {target.alias} true` works"
         ) from None
     except Exception as exc:  # noqa: BLE001 - paramiko raises bare Exception on odd key types
         client.close()
         raise SshError(f"{where}: cannot connect ({type(exc).__name__}: {exc})") from None
-    return SshSession(target, client, sftp)
+    transport = client.get_transport()
+    offered = transport.get_remote_server_key() if transport is not None else None
+    if offered is None or (offered.get_name(), offered.get_base64()) in revoked:
+        client.close()
+        shown = "" if offered is None else f" ({offered.get_name()} {fingerprint(offered)})"
+        raise SshError(
+            f"{where}: its SSH host key{shown} is marked @revoked in known_hosts: the doctor "
+            "does not connect to it; find out why it was revoked before anything else"
+        )
+    return client
+
+
+def _known_hosts(keys: paramiko.HostKeys, files: tuple[str, ...]) -> set[tuple[str, str]]:
+    """The known_hosts files into `keys`, as ssh(1) reads them; the @revoked keys returned.
+
+    paramiko's own reader stops at the first marker line (@revoked, @cert-authority). Here a
+    @revoked key is refused whatever else lists it, a @cert-authority line is skipped (the
+    doctor verifies no host certificates, so such a host's key is unknown: refused), and a
+    line that is not a key is skipped, as ssh does."""
+    revoked: set[tuple[str, str]] = set()
+    for path in files:
+        if not os.path.isfile(path):
+            continue
+        fix = f"make {path} a readable known_hosts file (ssh-keygen -R, ssh-keyscan)"
+        try:
+            data = read_bounded(path, "known_hosts", MAX_KNOWN_HOSTS_BYTES, fix)
+        except UntrustedInputError as exc:
+            raise SshError(f"{exc.message}: {exc.fix}") from None
+        for raw in data.decode("utf-8", "replace").splitlines():
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            fields = line.split()
+            if fields[0] == "@revoked" and len(fields) >= 4:
+                revoked.add((fields[2], fields[3]))
+                continue
+            if fields[0].startswith("@"):
+                continue
+            try:
+                entry = paramiko.hostkeys.HostKeyEntry.from_line(" ".join(fields[:3]))
+            except (paramiko.SSHException, ValueError, TypeError):
+                continue
+            if entry is not None and entry.key is not None:
+                for name in entry.hostnames:
+                    keys.add(name, entry.key.get_name(), entry.key)
+    return revoked
 
 
 def _unsupported(what: str) -> OSError:

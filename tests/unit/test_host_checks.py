@@ -209,10 +209,12 @@ def test_resolve_reads_the_ssh_config(tmp_path: Path) -> None:
     assert t.known_hosts == (f"{tmp_path}/kh", "/dev/null")
     assert t.key_name == "[10.0.0.5]:2222"
     assert resolve("root@pve", str(cfg)).user == "root"
-    for bad in ("-oProxyCommand=x", "a b", "@pve", ""):
+    for bad in ("-oProxyCommand=x", "a b", "@pve"):
         with pytest.raises(SshError, match="is not a host"):
             resolve(bad, str(cfg))
-    with pytest.raises(SshError, match="cannot read it"):
+    with pytest.raises(SshError, match="is empty"):
+        resolve("", str(cfg))
+    with pytest.raises(SshError, match=r"ssh config .*nope does not exist"):
         resolve("pve", str(tmp_path / "nope"))
 
 
