@@ -7,20 +7,26 @@ file on purpose, parser and editor and writer together: Ansible ships it to the 
 
 What it keeps (../shared/domain.md section 3):
 
-* Only the main section is ever edited; everything from the first ``[snapshot]`` or
-  ``[pve:pending]`` header on is kept byte for byte (appending at EOF would land in a snapshot).
+* The edit is judged as PVE will start the container: ``[pve:pending]`` applied first
+  (vmconfig_apply_pending). Like `pct set`, an index it writes leaves the pending ``delete:``
+  list, and a pending devN for a managed node is set in main rather than left to create the
+  node twice; that is the only edit outside the main section. ``[snapshot]`` sections are kept
+  byte for byte (appending at EOF would land in a snapshot).
 * Every other line stays as it was, in its place: comments, unknown keys, odd spacing, bytes
-  that are not UTF-8. Lines are classified the way pve-container's parse_pct_config does.
+  that are not UTF-8, line ends (CRLF too). Lines are classified the way pve-container's
+  parse_pct_config does. A managed devN keeps the admin's uid/gid and gets a mode PVE accepts.
 * The lines it owns (devN entries for the managed nodes, lxc.mount.entry for them, device
   allow rules for the NVIDIA majors and for stale dynamic majors) are replaced in place,
   never duplicated; a new line goes next to its kind.
 * Two boot keys can be set too (``onboot``, ``startup``: whether and in what order PVE starts the
   container at host boot), replaced where they stand or inserted among the keys in PVE's
   alphabetical order; they need no container restart (``Plan.passthrough_changed``).
-* Writes like PVE::Tools::file_set_contents: ``<file>.tmp.<pid>`` in the same directory,
-  created with the file's own mode (no chmod, no chown: pmxcfs refuses both), renamed over the
-  config; while holding pve-container's config lock (flock on
-  /run/lock/lxc/pve-config-<vmid>.lock), so `pct set` or the web UI cannot interleave.
+* Reads a regular file only, never through a symlink (PVE's /etc/pve/lxc holds none; writing
+  would replace the link and leave its target stale). Writes like
+  PVE::Tools::file_set_contents: ``<file>.tmp.<pid>`` in the same directory, created with the
+  file's own mode (no chmod, no chown: pmxcfs refuses both), renamed over the config; while
+  holding pve-container's config lock (flock on /run/lock/lxc/pve-config-<vmid>.lock), so
+  `pct set` or the web UI cannot interleave.
 """
 
 from __future__ import annotations
@@ -329,8 +335,8 @@ class Plan:
     removed: tuple[str, ...] = ()
     #: (old line, new line) for each line changed in place (a stale major's allow rule).
     replaced: tuple[tuple[str, str], ...] = ()
-    #: Whether the passthrough lines changed (the container needs a restart); a changed boot
-    #: key alone needs none.
+    #: Whether the main section's passthrough lines changed (the container needs a restart); a
+    #: changed boot key or a pending-only edit alone needs none.
     passthrough_changed: bool = False
     #: Lines of the [pve:pending] section taken out or rewritten: a pending devN for a managed
     #: node (now set in main), a ``delete:`` that named an index the module writes.
@@ -713,9 +719,9 @@ def plan(config: Config, want: Want) -> Plan:
         f"dev{ln.dev_index}" for ln in ours_now if ln.dev_index is not None
     }
     rest, pending_removed, pending_added = _edit_pending(config, pending, folded, written)
-    passthrough_changed = bool(
-        pending_removed or any(classify(t).key not in BOOT_KEYS for t in removed + added)
-    )
+    # A pending-only edit (a delete: that named a kept index) changes nothing the running
+    # container has: no restart, which would also apply the admin's other pending changes.
+    passthrough_changed = any(classify(t).key not in BOOT_KEYS for t in removed + added)
     # An empty main section gets whole lines; elsewhere the last line keeps its own ending.
     final_newline = config.final_newline or (not config.lines and bool(out))
     if out and not final_newline:
@@ -739,7 +745,9 @@ def _fold(lines: list[Line], folded: dict[int, str], cr: str, origin: dict[int, 
     ids: set[int] = set()
     for k, value in sorted(folded.items()):
         at = [i for i, ln in enumerate(lines) if ln.dev_index == k]
-        if at:
+        if at and lines[at[-1]].value == value:
+            new = lines[at[-1]]  # the same as main's: PVE's cleanup_pending drops it
+        elif at:
             new = classify(f"dev{k}: {value}{_cr(lines[at[-1]].text)}")
             origin[id(new)] = lines[at[-1]]
             lines[at[-1]] = new
