@@ -407,6 +407,8 @@ def _wanted(want: Want) -> list[_Item]:
 
 
 def _dev_opts(value: str) -> dict[str, str]:
+    """A devN entry's options; its path with repeated slashes collapsed, since PVE stats and
+    creates /dev//nvidia0 as /dev/nvidia0 (the same node, twice, if it counted as another)."""
     opts: dict[str, str] = {}
     for part in value.split(","):
         k, eq, v = part.partition("=")
@@ -414,6 +416,8 @@ def _dev_opts(value: str) -> dict[str, str]:
             opts[k.strip()] = v.strip()
         elif part.strip():
             opts["path"] = part.strip()
+    if "path" in opts:
+        opts["path"] = re.sub("/+", "/", opts["path"])
     return opts
 
 

@@ -115,6 +115,15 @@ def test_pending_devn_for_a_node_the_module_writes_is_set_like_pct_set() -> None
     assert not edit(plan.after, Want(GPU)).changed
 
 
+def test_a_pending_devn_naming_the_node_another_way_is_the_same_node() -> None:
+    """PVE creates /dev//nvidia0 and path=/dev/nvidia0 as the same node as /dev/nvidia0."""
+    text = MAIN + "\n[pve:pending]\ndev7: path=/dev//nvidia0,mode=0666\n"
+    plan = edit(text, Want(GPU))
+    conf = started(plan.after)
+    paths = [re.sub("/+", "/", d["path"]) for d in pve_reader.devices(conf).values()]
+    assert sorted(paths) == sorted(GPU)
+
+
 def test_pending_devn_for_a_node_main_lacks() -> None:
     text = MAIN + "\n[pve:pending]\ndev3: /dev/nvidia1,mode=0666\n"
     want = Want((*GPU, "/dev/nvidia1"))
