@@ -702,6 +702,11 @@ def plan(config: Config, want: Want) -> Plan:
     matchable = {i: item for i, item in owned.items() if i not in doomed}
     placed, unplaced = _match(matchable, _wanted(want), prefer)
     out = _rewrite(config, lines, owned, placed, want.mode.rjust(4, "0"), origin)
+    # A devN whose last line went: PVE would read an earlier line of that key next, hidden
+    # until now; those go too, as PVE's own write of the config drops them.
+    last = {ln.dev_index: i for i, ln in enumerate(lines) if ln.dev_index is not None}
+    gone = {k for k, i in last.items() if i in owned and i not in placed}
+    out = [ln for ln in out if ln.dev_index not in gone]
 
     used = {ln.dev_index for ln in out if ln.dev_index is not None}
     used |= config.pending_dev_indexes()

@@ -22,6 +22,7 @@ from tests.unit.test_pvecfg import (
     H200_PROC,
     NODES,
     config_text,
+    managed_by_test,
     proc_majors,
 )
 
@@ -295,6 +296,17 @@ def test_generated_configs_start_with_each_node_once(
     nodes = set(devices)
     before = started(text)
     after = started(plan.after)
+    # Main-section lines other than devN entries and managed raw lines: kept, in order.
+    ours = {195} | {m for d in devices if (m := pvecfg.major_of(pvecfg.driver_of(d) or "", majors))}
+
+    def other(cfg: pvecfg.Config) -> list[str]:
+        return [
+            ln.text
+            for ln in cfg.lines
+            if ln.dev_index is None and not managed_by_test(ln, nodes, ours, set(majors.values()))
+        ]
+
+    assert other(pvecfg.parse(plan.after)) == other(pvecfg.parse(text))
     entries = assert_each_node_once(plan.after, tuple(devices))
     assert all(e["mode"] == "0666" for e in entries.values())
     assert unmanaged(after, nodes) == unmanaged(before, nodes)
@@ -303,7 +315,7 @@ def test_generated_configs_start_with_each_node_once(
         pve_reader.parse_pct_config(plan.after).snapshots
         == pve_reader.parse_pct_config(text).snapshots
     )
-    if "\r\n" in text:
+    if "\r\n" in text and "\n" not in text.replace("\r\n", ""):
         assert "\n" not in plan.after.replace("\r\n", "")
     assert not edit(plan.after, want).changed
 
