@@ -330,6 +330,7 @@ def test_generated_configs_raw_lxc(text: str, devices: list[str], majors: dict[s
         assert "[pve:pending] section has raw lxc" in str(exc)
         return
     conf = started(plan.after)
+    assert unmanaged(conf, set(devices)) == unmanaged(started(text), set(devices))
     counts = pve_reader.node_counts(conf, set(devices))
     assert {n: counts[n] for n in devices} == dict.fromkeys(devices, 1)
     # Passed by bind mounts alone: no devN entry for them at the next start.
