@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import os
 import re
 import stat
@@ -101,7 +102,7 @@ class Line:
     key: str = ""
     value: str = ""
 
-    @property
+    @functools.cached_property
     def dev_index(self) -> int | None:
         m = _DEV.match(self.key) if self.kind == "key" else None
         return int(m.group(1)) if m else None
@@ -723,7 +724,8 @@ def plan(config: Config, want: Want) -> Plan:
     added = [_bare(ln.text) for ln in out if id(ln) not in before_ids]
     replaced = [(_bare(origin[id(ln)].text), _bare(ln.text)) for ln in out if id(ln) in origin]
     ours_now = [ln for ln in out if _owned(ln, want, ours, live) is not None]
-    managed = tuple(_bare(ln.text) for ln in out if ln in ours_now or ln in option_lines)
+    mine = {id(ln) for ln in ours_now + option_lines}
+    managed = tuple(_bare(ln.text) for ln in out if id(ln) in mine)
     written = {f"dev{k}" for k in folded} | {
         f"dev{ln.dev_index}" for ln in ours_now if ln.dev_index is not None
     }
@@ -749,21 +751,26 @@ def plan(config: Config, want: Want) -> Plan:
 
 
 def _fold(lines: list[Line], folded: dict[int, str], cr: str, origin: dict[int, Line]) -> set[int]:
-    """Set each folded pending devK in main (where main's devK stands, else next to the other
+    """Set each folded pending devK in main (where main's devK stands, else after the other
     devN entries); returns the ids of those lines."""
     ids: set[int] = set()
+    last = {ln.dev_index: i for i, ln in enumerate(lines) if ln.dev_index is not None}
+    inserts: list[Line] = []
     for k, value in sorted(folded.items()):
-        at = [i for i, ln in enumerate(lines) if ln.dev_index == k]
-        if at and lines[at[-1]].value == value:
-            new = lines[at[-1]]  # the same as main's: PVE's cleanup_pending drops it
-        elif at:
-            new = classify(f"dev{k}: {value}{_cr(lines[at[-1]].text)}")
-            origin[id(new)] = lines[at[-1]]
-            lines[at[-1]] = new
+        at = last.get(k)
+        if at is not None and lines[at].value == value:
+            new = lines[at]  # the same as main's: PVE's cleanup_pending drops it
+        elif at is not None:
+            new = classify(f"dev{k}: {value}{_cr(lines[at].text)}")
+            origin[id(new)] = lines[at]
+            lines[at] = new
         else:
             new = classify(f"dev{k}: {value}{cr}")
-            lines.insert(_insert_at(lines, _Item("dev", "", "dev", value)), new)
+            inserts.append(new)
         ids.add(id(new))
+    if inserts:
+        at = _insert_at(lines, _Item("dev", "", "dev", ""))
+        lines[at:at] = inserts
     return ids
 
 
