@@ -276,12 +276,20 @@ def parse_proc_devices(text: str) -> dict[str, int]:
     return majors
 
 
+#: /proc/devices is a few KiB; a file larger than this is not it.
+MAX_PROC_DEVICES_BYTES = 256 * 1024
+
+
 def read_proc_devices(path: str) -> dict[str, int]:
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return parse_proc_devices(fh.read())
+        data = _read_regular(path, MAX_PROC_DEVICES_BYTES, "/proc/devices", follow=True)
     except OSError as exc:
         raise PveConfigError(f"cannot read {path}: {exc.strerror}") from exc
+    if len(data) > MAX_PROC_DEVICES_BYTES:
+        raise PveConfigError(
+            f"{path} is larger than {MAX_PROC_DEVICES_BYTES} bytes: not /proc/devices"
+        )
+    return parse_proc_devices(data.decode("utf-8", "replace"))
 
 
 def driver_of(path: str) -> str | None:
@@ -955,23 +963,39 @@ def _symlink_error(path: str) -> PveConfigError:
     )
 
 
-def read_text(path: str) -> str:
-    """The file as text; bytes that are not UTF-8 survive the round trip (surrogateescape).
-    A regular file only, opened without following a link at its last step (O_NOFOLLOW) and
-    without blocking on a FIFO, and no larger than pmxcfs allows."""
+def _read_regular(path: str, limit: int, what: str, *, follow: bool = False) -> bytes:
+    """Up to ``limit`` + 1 bytes of a regular file, opened without blocking on a FIFO
+    (O_NONBLOCK) and, unless ``follow``, without following a link at its last step."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, flags)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise _symlink_error(path) from exc
         raise
-    with os.fdopen(fd, "rb") as fh:
+    try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise PveConfigError(
-                f"{path} is not a regular file (a FIFO, device or directory): PVE's container "
-                "configs are files; changed nothing. Fix path, then run again"
+                f"{path} is not a regular file (a FIFO, device or directory), so not {what}; "
+                "changed nothing. Fix the path, then run again"
             )
-        data = fh.read(MAX_CONFIG_BYTES + 1)
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_text(path: str) -> str:
+    """The config as text; bytes that are not UTF-8 survive the round trip (surrogateescape).
+    A regular file only, never read through a link, no larger than pmxcfs allows."""
+    data = _read_regular(path, MAX_CONFIG_BYTES, "a PVE container config")
     if len(data) > MAX_CONFIG_BYTES:
         raise PveConfigError(
             f"{path} is larger than {MAX_CONFIG_BYTES} bytes, more than pmxcfs keeps for a "

@@ -372,6 +372,7 @@ def test_a_symlinked_config_is_refused_and_nothing_moves(tmp_path: Path, check: 
         apply(link, tmp_path, check=check)
 
 
+@pytest.mark.timeout(20)  # a blocking open would hang here
 def test_a_fifo_as_config_is_refused_without_blocking(tmp_path: Path) -> None:
     conf_dir = tmp_path / "lxc"
     conf_dir.mkdir()
@@ -379,6 +380,24 @@ def test_a_fifo_as_config_is_refused_without_blocking(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     with pytest.raises(PveConfigError, match="not a regular file"):
         apply(fifo, tmp_path, check=True)
+
+
+@pytest.mark.timeout(20)  # a blocking open would hang here
+def test_a_fifo_as_proc_devices_is_refused_without_blocking(tmp_path: Path) -> None:
+    conf_dir = tmp_path / "lxc"
+    conf_dir.mkdir()
+    path = conf_dir / "200.conf"
+    path.write_text(MAIN)
+    fifo = tmp_path / "devices"
+    os.mkfifo(fifo)
+    with pytest.raises(PveConfigError, match="not a regular file"):
+        pvecfg.apply(
+            str(path),
+            Want(GPU, "raw-lxc"),
+            check=True,
+            proc_devices=str(fifo),
+            lock_dir=str(tmp_path / "lock"),
+        )
 
 
 def test_an_oversized_config_is_refused(tmp_path: Path) -> None:
