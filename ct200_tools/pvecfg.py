@@ -7,20 +7,26 @@ file on purpose, parser and editor and writer together: Ansible ships it to the 
 
 What it keeps (../shared/domain.md section 3):
 
-* Only the main section is ever edited; everything from the first ``[snapshot]`` or
-  ``[pve:pending]`` header on is kept byte for byte (appending at EOF would land in a snapshot).
+* The edit is judged as PVE will start the container: ``[pve:pending]`` applied first
+  (vmconfig_apply_pending). Like `pct set`, an index it writes leaves the pending ``delete:``
+  list, and a pending devN for a managed node is set in main rather than left to create the
+  node twice; that is the only edit outside the main section. ``[snapshot]`` sections are kept
+  byte for byte (appending at EOF would land in a snapshot).
 * Every other line stays as it was, in its place: comments, unknown keys, odd spacing, bytes
-  that are not UTF-8. Lines are classified the way pve-container's parse_pct_config does.
+  that are not UTF-8, line ends (CRLF too). Lines are classified the way pve-container's
+  parse_pct_config does. A managed devN keeps the admin's uid/gid and gets a mode PVE accepts.
 * The lines it owns (devN entries for the managed nodes, lxc.mount.entry for them, device
   allow rules for the NVIDIA majors and for stale dynamic majors) are replaced in place,
   never duplicated; a new line goes next to its kind.
 * Two boot keys can be set too (``onboot``, ``startup``: whether and in what order PVE starts the
   container at host boot), replaced where they stand or inserted among the keys in PVE's
   alphabetical order; they need no container restart (``Plan.passthrough_changed``).
-* Writes like PVE::Tools::file_set_contents: ``<file>.tmp.<pid>`` in the same directory,
-  created with the file's own mode (no chmod, no chown: pmxcfs refuses both), renamed over the
-  config; while holding pve-container's config lock (flock on
-  /run/lock/lxc/pve-config-<vmid>.lock), so `pct set` or the web UI cannot interleave.
+* Reads a regular file only, never through a symlink (PVE's /etc/pve/lxc holds none; writing
+  would replace the link and leave its target stale). Writes like
+  PVE::Tools::file_set_contents: ``<file>.tmp.<pid>`` in the same directory, created with the
+  file's own mode (no chmod, no chown: pmxcfs refuses both), renamed over the config; while
+  holding pve-container's config lock (flock on /run/lock/lxc/pve-config-<vmid>.lock), so
+  `pct set` or the web UI cannot interleave.
 """
 
 from __future__ import annotations
@@ -28,8 +34,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -94,7 +102,7 @@ class Line:
     key: str = ""
     value: str = ""
 
-    @property
+    @functools.cached_property
     def dev_index(self) -> int | None:
         m = _DEV.match(self.key) if self.kind == "key" else None
         return int(m.group(1)) if m else None
@@ -179,6 +187,77 @@ def parse(text: str) -> Config:
     return Config(lines, final_newline, rest)
 
 
+# --- the [pve:pending] section ---------------------------------------------------------------
+
+
+def _split_keep(text: str) -> list[str]:
+    """Lines with their own "\\n" (str.splitlines would also split at \\r, \\f and others)."""
+    return re.findall(r"[^\n]*\n|[^\n]+$", text)
+
+
+def _delete_keys(value: str) -> dict[str, bool]:
+    """A pending ``delete:`` value as PVE reads it (AbstractConfig parse_pending_delete): keys
+    split at commas, semicolons and blanks, ``!`` marking a forced deletion."""
+    keys: dict[str, bool] = {}
+    for entry in re.sub(r"[,;]", " ", value).split():
+        keys[entry.lstrip("!")] = entry.startswith("!")
+    return keys
+
+
+def _print_delete(keys: dict[str, bool]) -> str:
+    """AbstractConfig print_pending_delete: sorted, comma separated."""
+    return ",".join(f"{'!' if force else ''}{k}" for k, force in sorted(keys.items()))
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The ``[pve:pending]`` section as pve-container reads it (parse_pct_config: the last line
+    of a key wins). Indexes count the lines of ``Config.rest``."""
+
+    #: key -> (value PVE uses, indexes of every line of that key).
+    keys: dict[str, tuple[str, tuple[int, ...]]]
+    #: The ``delete:`` line PVE uses (the last one), or None.
+    delete_at: int | None
+    delete: dict[str, bool]
+    #: Indexes of the raw ``lxc.*`` lines: at the next start they replace all of main's.
+    lxc_at: tuple[int, ...]
+
+    def dev_values(self) -> dict[int, str]:
+        out: dict[int, str] = {}
+        for key, (value, _) in self.keys.items():
+            m = _DEV.match(key)
+            if m:
+                out[int(m.group(1))] = value
+        return out
+
+
+def pending_of(config: Config) -> Pending:
+    """The pending section of ``config`` (empty when it has none). A second ``[pve:pending]``
+    header starts it afresh: PVE drops what the first one held."""
+    keys: dict[str, tuple[str, tuple[int, ...]]] = {}
+    delete_at: int | None = None
+    delete: dict[str, bool] = {}
+    lxc_at: list[int] = []
+    pending = False
+    for i, raw in enumerate(_split_keep(config.rest)):
+        text = raw.rstrip("\n")
+        if is_section_header(text):
+            pending = bool(_PENDING.match(text))
+            if pending:
+                keys, delete_at, delete, lxc_at = {}, None, {}, []
+            continue
+        line = classify(text)
+        if not pending:
+            continue
+        if line.kind == "lxc":
+            lxc_at.append(i)
+        elif line.kind == "key" and line.key == "delete":
+            delete_at, delete = i, _delete_keys(line.value)
+        elif line.kind == "key":
+            keys[line.key] = (line.value, (*keys.get(line.key, ("", ()))[1], i))
+    return Pending(keys, delete_at, delete, tuple(lxc_at))
+
+
 # --- /proc/devices ---------------------------------------------------------------------------
 
 
@@ -197,12 +276,20 @@ def parse_proc_devices(text: str) -> dict[str, int]:
     return majors
 
 
+#: /proc/devices is a few KiB; a file larger than this is not it.
+MAX_PROC_DEVICES_BYTES = 256 * 1024
+
+
 def read_proc_devices(path: str) -> dict[str, int]:
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return parse_proc_devices(fh.read())
+        data = _read_regular(path, MAX_PROC_DEVICES_BYTES, "/proc/devices", follow=True)
     except OSError as exc:
         raise PveConfigError(f"cannot read {path}: {exc.strerror}") from exc
+    if len(data) > MAX_PROC_DEVICES_BYTES:
+        raise PveConfigError(
+            f"{path} is larger than {MAX_PROC_DEVICES_BYTES} bytes: not /proc/devices"
+        )
+    return parse_proc_devices(data.decode("utf-8", "replace"))
 
 
 def driver_of(path: str) -> str | None:
@@ -257,9 +344,14 @@ class Plan:
     removed: tuple[str, ...] = ()
     #: (old line, new line) for each line changed in place (a stale major's allow rule).
     replaced: tuple[tuple[str, str], ...] = ()
-    #: Whether the passthrough lines changed (the container needs a restart); a changed boot
-    #: key alone needs none.
+    #: Whether the main section's passthrough lines changed (the container needs a restart); a
+    #: changed boot key or a pending-only edit alone needs none.
     passthrough_changed: bool = False
+    #: Lines of the [pve:pending] section taken out or rewritten: a pending devN for a managed
+    #: node (now set in main), a ``delete:`` that named an index the module writes.
+    pending_removed: tuple[str, ...] = ()
+    #: The line that replaces such a ``delete:`` (the other keys it deletes), if any.
+    pending_added: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -324,6 +416,8 @@ def _wanted(want: Want) -> list[_Item]:
 
 
 def _dev_opts(value: str) -> dict[str, str]:
+    """A devN entry's options; its path with repeated slashes collapsed, since PVE stats and
+    creates /dev//nvidia0 as /dev/nvidia0 (the same node, twice, if it counted as another)."""
     opts: dict[str, str] = {}
     for part in value.split(","):
         k, eq, v = part.partition("=")
@@ -331,6 +425,8 @@ def _dev_opts(value: str) -> dict[str, str]:
             opts[k.strip()] = v.strip()
         elif part.strip():
             opts["path"] = part.strip()
+    if "path" in opts:
+        opts["path"] = re.sub("/+", "/", opts["path"])
     return opts
 
 
@@ -425,15 +521,7 @@ def is_stale(rule: AllowRule, live: set[int]) -> bool:
 
 
 def _same(item: _Item, line: Line) -> bool:
-    if item.kind == "dev":
-        have = _dev_opts(line.value)
-        want = _dev_opts(item.value)
-        if set(have) != set(want) or have["path"] != want["path"]:
-            return False
-        try:
-            return int(have.get("mode", "x"), 8) == int(want["mode"], 8)
-        except ValueError:
-            return False
+    """Whether a raw lxc line (allow rule, bind mount) already means what ``item`` wants."""
     if line.key != item.key:
         return False
     if item.kind == "allow":
@@ -449,14 +537,78 @@ def _same(item: _Item, line: Line) -> bool:
     return line.value.split() == item.value.split()
 
 
-def _match(owned: dict[int, _Item], items: list[_Item]) -> tuple[dict[int, _Item], list[_Item]]:
-    """Which owned line (by index) each wanted item takes over; the items no line takes."""
+#: The options of a devN entry (pve-container's $dev_desc); PVE refuses any other.
+DEV_KEYS = ("path", "mode", "uid", "gid", "deny-write")
+_TRUE = ("1", "on", "yes", "true")
+_FALSE = ("0", "off", "no", "false")
+
+
+def _dev_problem(part: str, k: str, v: str, seen: set[str]) -> str:
+    """Why PVE's parse_property_string (with $dev_desc) refuses one option, or ""."""
+    if not k or not v:
+        return f"{part!r} has no option name or no value"
+    if k in seen:
+        return f"{k} is given twice"
+    if k not in DEV_KEYS:
+        return f"unknown option {k!r}; a devN entry takes {', '.join(DEV_KEYS)}"
+    if k in ("uid", "gid") and not re.fullmatch(r"\d+", v):
+        return f"{k} must be a number >= 0, not {v!r}"
+    if k == "deny-write" and v.lower() not in _TRUE + _FALSE:
+        return f"deny-write must be 0 or 1, not {v!r}"
+    return ""
+
+
+def _dev_value(key: str, value: str, mode: str) -> str:
+    """The value a managed devN entry gets: its path and the admin's own options (uid, gid) as
+    written, the access mode set to ``mode`` (PVE's schema wants ``0[0-7]{3}``: ``666`` stops
+    the container at its start). Parsed the way PVE parses it: an entry PVE refuses would stop
+    the start too, so it is refused here, before any change, naming what to fix.
+    ``deny-write=1`` goes: CUDA opens nvidiactl and nvidia-uvm read-write, and a write the
+    cgroup denies is the incident's EPERM (cuInit 999)."""
+    parts: list[str] = []
+    seen: set[str] = set()
+    mode_at = None
+    path_at = 0
+    for part in value.split(","):
+        if not part.strip():
+            continue  # PVE skips an empty part
+        k, eq, v = part.partition("=")
+        if not eq:
+            k, v = "path", part
+        why = _dev_problem(part, k, v, seen)
+        if why:
+            raise PveConfigError(
+                f"{key}: {value!r} passes a node this module manages, and PVE refuses it "
+                f"({why}), so the container would not start: fix or remove that option, then "
+                "run again"
+            )
+        seen.add(k)
+        if k == "mode":
+            mode_at = len(parts)
+        elif k == "path":
+            path_at = len(parts)
+        elif k == "deny-write" and v.lower() in _TRUE:
+            continue
+        parts.append(part)
+    if mode_at is None:
+        parts.insert(path_at + 1, f"mode={mode}")
+    else:
+        parts[mode_at] = f"mode={mode}"
+    return ",".join(parts)
+
+
+def _match(
+    owned: dict[int, _Item], items: list[_Item], prefer: set[int]
+) -> tuple[dict[int, _Item], list[_Item]]:
+    """Which owned line (by index) each wanted item takes over, ``prefer`` first, then in file
+    order; the items no line takes."""
     placed: dict[int, _Item] = {}
     unplaced: list[_Item] = []
+    order = sorted(owned, key=lambda i: (i not in prefer, i))
     for item in items:
         key = (item.kind, item.ident)
         at = next(
-            (i for i, o in owned.items() if i not in placed and (o.kind, o.ident) == key), None
+            (i for i in order if i not in placed and (owned[i].kind, owned[i].ident) == key), None
         )
         if at is None:
             unplaced.append(item)
@@ -479,9 +631,50 @@ def _free_dev(used: set[int], path: str) -> str:
     return f"dev{free}"
 
 
+def _cr(text: str) -> str:
+    """A line's own carriage return (text is a line without its "\\n")."""
+    return "\r" if text.endswith("\r") else ""
+
+
+def _bare(text: str) -> str:
+    return text[:-1] if text.endswith("\r") else text
+
+
+def _check_pending_lxc(
+    config: Config, pending: Pending, want: Want, ours: set[int], live: set[int] | None
+) -> None:
+    """Raw lxc.* lines in [pve:pending] (a hand edit: the API cannot set them) replace every
+    lxc.* line of the main section at the next start (vmconfig_apply_pending sets ``lxc`` like
+    any key), so they would undo raw-lxc passthrough, or pass a devN node a second time."""
+    rest = _split_keep(config.rest)
+    lxc = [classify(rest[i].rstrip("\n")) for i in pending.lxc_at]
+    if want.passthrough == "raw-lxc" and (lxc or "lxc" in pending.delete):
+        raise PveConfigError(
+            "the [pve:pending] section has raw lxc.* lines (or deletes them): at the next start "
+            "PVE replaces all the main section's lxc.* lines with them, the raw-lxc passthrough "
+            "lines included; changed nothing. Move them into the main section or remove them, "
+            "then run again"
+        )
+    doubled = [
+        _bare(ln.text)
+        for ln in lxc
+        if ln.key == MOUNT_KEY and _owned(ln, want, ours, live) is not None
+    ]
+    if doubled:
+        raise PveConfigError(
+            f"the [pve:pending] section bind-mounts node(s) this module passes as devN entries "
+            f"({'; '.join(repr(t) for t in doubled[:3])}): at the next start they would be "
+            "passed twice and the start fails; changed nothing. Remove those lines, then run "
+            "again"
+        )
+
+
 def plan(config: Config, want: Want) -> Plan:
-    """The edit that makes the managed lines match ``want``; every other line is kept."""
+    """The edit that makes the managed lines match ``want`` as PVE applies the config at the
+    next start (its [pve:pending] section first, vmconfig_apply_pending); every other line is
+    kept."""
     validate(want)
+    pending = pending_of(config)
     majors = want.majors
     ours = {195} | {
         m
@@ -489,79 +682,206 @@ def plan(config: Config, want: Want) -> Plan:
         if m is not None
     }
     live = set(majors.values()) if majors is not None else None
+    _check_pending_lxc(config, pending, want, ours, live)
+    text = config.render()
+    newline = text.find("\n")
+    # New lines end as the file's first line does: a CRLF config stays CRLF.
+    cr = "\r" if newline > 0 and text[newline - 1] == "\r" else ""
+    lines = list(config.lines)
+    #: id of a line that took another's place -> the config's own line it replaced.
+    origin: dict[int, Line] = {}
+
+    # A pending devN for a managed node is set in main now, as `pct set -devK VALUE` does: its
+    # pending entry goes, its index leaves the delete list, its options are kept (the newest
+    # intent). Left pending beside the entry the module writes, it would create the node a
+    # second time at the next start, and the start fails (mknod: File exists).
+    folded = {
+        k: v
+        for k, v in pending.dev_values().items()
+        if _dev_opts(v).get("path", "") in want.devices
+    }
+    prefer_ids = _fold(lines, folded, cr, origin)
     owned = {
         i: item
-        for i, item in enumerate(_owned(ln, want, ours, live) for ln in config.lines)
+        for i, item in enumerate(_owned(ln, want, ours, live) for ln in lines)
         if item is not None
     }
-    placed, unplaced = _match(owned, _wanted(want))
+    doomed = _hidden_devs(lines, set(pending.dev_values()) - set(folded))
+    prefer = {i for i, ln in enumerate(lines) if id(ln) in prefer_ids}
+    matchable = {i: item for i, item in owned.items() if i not in doomed}
+    placed, unplaced = _match(matchable, _wanted(want), prefer)
+    out = _rewrite(config, lines, owned, placed, want.mode.rjust(4, "0"), origin)
+    # A devN whose last line went: PVE would read an earlier line of that key next, hidden
+    # until now; those go too, as PVE's own write of the config drops them.
+    last = {ln.dev_index: i for i, ln in enumerate(lines) if ln.dev_index is not None}
+    gone = {k for k, i in last.items() if i in owned and i not in placed}
+    out = [ln for ln in out if ln.dev_index not in gone]
 
-    lines: list[Line] = []
-    added: list[str] = []
-    removed: list[str] = []
-    replaced: list[tuple[str, str]] = []
-    for i, line in enumerate(config.lines):
-        item = placed.get(i)
-        if i in owned and item is None:
-            removed.append(line.text)
-        elif item is None or _same(item, line):
-            lines.append(line)
-        else:
-            new = classify(f"{line.key if item.kind == 'dev' else item.key}: {item.value}")
-            lines.append(new)
-            removed.append(line.text)
-            added.append(new.text)
-            replaced.append((line.text, new.text))
-
-    used = {ln.dev_index for ln in lines if ln.dev_index is not None}
+    used = {ln.dev_index for ln in out if ln.dev_index is not None}
     used |= config.pending_dev_indexes()
+    used |= {int(m.group(1)) for m in map(_DEV.match, pending.delete) if m}
     for item in unplaced:
         key = _free_dev(used, item.ident) if item.kind == "dev" else item.key
-        new = classify(f"{key}: {item.value}")
-        lines.insert(_insert_at(lines, item), new)
-        added.append(new.text)
-    passthrough_changed = bool(added or removed)
-    option_lines = _set_options(lines, want.options, added, removed)
+        out.insert(_insert_at(out, item), classify(f"{key}: {item.value}{cr}"))
+    option_lines = _set_options(out, want.options, cr)
+
+    # What changed in main, by line: a line kept is the same object.
+    before_ids = {id(ln) for ln in config.lines}
+    after_ids = {id(ln) for ln in out}
+    removed = [_bare(ln.text) for ln in config.lines if id(ln) not in after_ids]
+    added = [_bare(ln.text) for ln in out if id(ln) not in before_ids]
+    replaced = [(_bare(origin[id(ln)].text), _bare(ln.text)) for ln in out if id(ln) in origin]
+    ours_now = [ln for ln in out if _owned(ln, want, ours, live) is not None]
+    mine = {id(ln) for ln in ours_now + option_lines}
+    managed = tuple(_bare(ln.text) for ln in out if id(ln) in mine)
+    written = {f"dev{k}" for k in folded} | {
+        f"dev{ln.dev_index}" for ln in ours_now if ln.dev_index is not None
+    }
+    rest, pending_removed, pending_added = _edit_pending(config, pending, folded, written)
+    # A pending-only edit (a delete: that named a kept index) changes nothing the running
+    # container has: no restart, which would also apply the admin's other pending changes.
+    passthrough_changed = any(classify(t).key not in BOOT_KEYS for t in removed + added)
     # An empty main section gets whole lines; elsewhere the last line keeps its own ending.
-    final_newline = config.final_newline or (not config.lines and bool(lines))
-    after = Config(tuple(lines), final_newline, config.rest)
-    managed = tuple(
-        ln.text for ln in lines if _owned(ln, want, ours, live) is not None or ln in option_lines
-    )
+    final_newline = config.final_newline or (not config.lines and bool(out))
+    if out and not final_newline:
+        out = _end_as_before(out, config.lines[-1], cr)
     return Plan(
         config.render(),
-        after.render(),
+        Config(tuple(out), final_newline, rest).render(),
         managed,
         tuple(added),
         tuple(removed),
         tuple(replaced),
         passthrough_changed,
+        tuple(pending_removed),
+        tuple(pending_added),
     )
 
 
-def _set_options(
-    lines: list[Line], options: tuple[tuple[str, str], ...], added: list[str], removed: list[str]
+def _fold(lines: list[Line], folded: dict[int, str], cr: str, origin: dict[int, Line]) -> set[int]:
+    """Set each folded pending devK in main (where main's devK stands, else after the other
+    devN entries); returns the ids of those lines."""
+    ids: set[int] = set()
+    last = {ln.dev_index: i for i, ln in enumerate(lines) if ln.dev_index is not None}
+    inserts: list[Line] = []
+    for k, value in sorted(folded.items()):
+        at = last.get(k)
+        if at is not None and lines[at].value == value:
+            new = lines[at]  # the same as main's: PVE's cleanup_pending drops it
+        elif at is not None:
+            new = classify(f"dev{k}: {value}{_cr(lines[at].text)}")
+            origin[id(new)] = lines[at]
+            lines[at] = new
+        else:
+            new = classify(f"dev{k}: {value}{cr}")
+            inserts.append(new)
+        ids.add(id(new))
+    if inserts:
+        at = _insert_at(lines, _Item("dev", "", "dev", ""))
+        lines[at:at] = inserts
+    return ids
+
+
+def _hidden_devs(lines: list[Line], pending_keys: set[int]) -> set[int]:
+    """Main devN lines PVE will not use as they stand: one a later line of the same key hides
+    (the last one wins), or one a pending value replaces at the next start. A managed node on
+    such a line is written on another."""
+    last = {ln.dev_index: i for i, ln in enumerate(lines) if ln.dev_index is not None}
+    return {
+        i
+        for i, ln in enumerate(lines)
+        if ln.dev_index is not None and (last[ln.dev_index] != i or ln.dev_index in pending_keys)
+    }
+
+
+def _rewrite(
+    config: Config,
+    lines: list[Line],
+    owned: dict[int, _Item],
+    placed: dict[int, _Item],
+    mode: str,
+    origin: dict[int, Line],
 ) -> list[Line]:
+    """The lines kept, each owned line rewritten to its item where it stands (an owned line no
+    item took is left out)."""
+    before_ids = {id(ln) for ln in config.lines}
+    out: list[Line] = []
+    for i, line in enumerate(lines):
+        item = placed.get(i)
+        if i in owned and item is None:
+            continue
+        if item is None:
+            new_text = None
+        elif item.kind == "dev":
+            value = _dev_value(line.key, line.value, mode)
+            new_text = None if value == line.value else f"{line.key}: {value}"
+        else:
+            new_text = None if _same(item, line) else f"{item.key}: {item.value}"
+        if new_text is None:
+            out.append(line)
+            continue
+        out.append(classify(new_text + _cr(line.text)))
+        if id(line) in before_ids or id(line) in origin:
+            origin[id(out[-1])] = origin.get(id(line), line)
+    return out
+
+
+def _edit_pending(
+    config: Config, pending: Pending, folded: dict[int, str], written: set[str]
+) -> tuple[str, list[str], list[str]]:
+    """The rest of the file after the pending edit: the folded entries go, and the indexes
+    the module writes leave the delete list (Config.pm remove_from_pending_delete, as `pct set`
+    does); with the pending lines removed and the one added."""
+    rest = _split_keep(config.rest)
+    drop = {i for k in folded for i in pending.keys[f"dev{k}"][1]}
+    changed = set(drop)
+    added: list[str] = []
+    keep = {k: force for k, force in pending.delete.items() if k not in written}
+    if pending.delete_at is not None and keep != pending.delete:
+        at = pending.delete_at
+        changed.add(at)
+        if keep:
+            body = rest[at].rstrip("\n")
+            added.append(f"delete: {_print_delete(keep)}")
+            rest[at] = added[-1] + _cr(body) + rest[at][len(body) :]
+        else:
+            drop.add(at)
+    removed = [_bare(_split_keep(config.rest)[i].rstrip("\n")) for i in sorted(changed)]
+    return "".join(r for i, r in enumerate(rest) if i not in drop), removed, added
+
+
+def _end_as_before(out: list[Line], old_last: Line, cr: str) -> list[Line]:
+    """A file without a newline at its end: the old last line, no longer last, gets one in the
+    file's style (CRLF too), and the last line ends as the old last line did."""
+    body = [
+        classify(ln.text + cr) if ln is old_last and _cr(ln.text) != cr else ln for ln in out[:-1]
+    ]
+    last = out[-1]
+    if _cr(last.text) != _cr(old_last.text):
+        last = classify(_bare(last.text) + _cr(old_last.text))
+    return [*body, last]
+
+
+def _set_options(lines: list[Line], options: tuple[tuple[str, str], ...], cr: str) -> list[Line]:
     """Set each boot key in place (a repeated key: the first one, the others removed), or insert
     it among the plain keys in PVE's alphabetical order; returns the lines it owns."""
     owned: list[Line] = []
     for key, value in options:
-        new = classify(f"{key}: {value}")
         at = [i for i, ln in enumerate(lines) if ln.kind == "key" and ln.key == key]
         for i in reversed(at[1:]):
-            removed.append(lines.pop(i).text)
+            lines.pop(i)
         if at and lines[at[0]].value == value:
             owned.append(lines[at[0]])
             continue
         if at:
-            removed.append(lines[at[0]].text)
+            new = classify(f"{key}: {value}{_cr(lines[at[0]].text)}")
             lines[at[0]] = new
         else:
+            new = classify(f"{key}: {value}{cr}")
             plain = [i for i, ln in enumerate(lines) if ln.kind == "key" and ln.dev_index is None]
             later = [i for i in plain if lines[i].key > key]
             pos = later[0] if later else (plain[-1] + 1 if plain else len(lines))
             lines.insert(pos, new)
-        added.append(new.text)
         owned.append(new)
     return owned
 
@@ -630,10 +950,58 @@ def config_lock(path: str, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
         os.close(fd)
 
 
+#: pmxcfs keeps no file larger than this (MEMDB_MAX_FILE_SIZE), so a config is never larger.
+MAX_CONFIG_BYTES = 1024 * 1024
+
+
+def _symlink_error(path: str) -> PveConfigError:
+    return PveConfigError(
+        f"{path} is a symbolic link: PVE keeps each container's config as a file of its own in "
+        "/etc/pve/lxc, never a link, and writing through one would leave its target behind "
+        "(or replace the link). Changed nothing: put the config itself there, or give path the "
+        "real config, then run again"
+    )
+
+
+def _read_regular(path: str, limit: int, what: str, *, follow: bool = False) -> bytes:
+    """Up to ``limit`` + 1 bytes of a regular file, opened without blocking on a FIFO
+    (O_NONBLOCK) and, unless ``follow``, without following a link at its last step."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _symlink_error(path) from exc
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PveConfigError(
+                f"{path} is not a regular file (a FIFO, device or directory), so not {what}; "
+                "changed nothing. Fix the path, then run again"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def read_text(path: str) -> str:
-    """The file as text; bytes that are not UTF-8 survive the round trip (surrogateescape)."""
-    with open(path, "rb") as fh:
-        return fh.read().decode("utf-8", "surrogateescape")
+    """The config as text; bytes that are not UTF-8 survive the round trip (surrogateescape).
+    A regular file only, never read through a link, no larger than pmxcfs allows."""
+    data = _read_regular(path, MAX_CONFIG_BYTES, "a PVE container config")
+    if len(data) > MAX_CONFIG_BYTES:
+        raise PveConfigError(
+            f"{path} is larger than {MAX_CONFIG_BYTES} bytes, more than pmxcfs keeps for a "
+            "file: not a PVE container config; changed nothing. Fix path, then run again"
+        )
+    return data.decode("utf-8", "surrogateescape")
 
 
 def write_like_pve(path: str, text: str) -> None:
@@ -704,7 +1072,9 @@ def apply(
     change. Raises PveConfigError (nothing written) on bad input."""
     vmid = vmid_of(path)
     validate(want)
-    if not os.path.isfile(path):
+    if os.path.islink(path):
+        raise _symlink_error(path)
+    if not os.path.exists(path):
         raise PveConfigError(
             f"container {vmid} does not exist on this host: {path} is missing "
             "(`pct list` shows the containers; fix ct200_site.pve.vmid or create it)"
@@ -726,7 +1096,10 @@ def apply(
     with guard:
         config = parse(read_text(path))
         check_editable(config, path)
-        edit = plan(config, want)
+        try:
+            edit = plan(config, want)
+        except PveConfigError as exc:
+            raise PveConfigError(f"{path}: {exc}") from exc
         if edit.changed and not check:
             write_like_pve(path, edit.after)
             if read_text(path) != edit.after:

@@ -14,9 +14,18 @@ DOCUMENTATION = r"""
 module: ct200_pve_lxc_gpu
 short_description: Pass NVIDIA device nodes into a Proxmox VE container (/etc/pve/lxc/<vmid>.conf)
 description:
-  - Makes the GPU passthrough lines of a PVE container config match the given device nodes and
-    changes nothing else. Only the main section is edited; [snapshot] and [pve:pending] sections,
-    comments and every unrelated line stay byte for byte.
+  - Makes the GPU passthrough lines of a PVE container config match the given device nodes, as
+    PVE will start the container (its [pve:pending] changes applied first), and changes nothing
+    else. [snapshot] sections, comments and every unrelated line stay byte for byte, and line
+    ends stay as the file has them (CRLF too).
+  - >-
+    Around pending changes it edits like C(pct set): an index it writes leaves the pending
+    C(delete:) list, and a pending devN for a node it passes is set in the main section (its
+    options kept) instead of creating the node a second time at the next start. The diff shows
+    the pending lines too (C(pending_removed), C(pending_added) in the result).
+  - >-
+    A devN entry it manages keeps the admin's C(uid) and C(gid) and gets I(mode) in PVE's form
+    (C(0666), never C(666), which PVE refuses); an option PVE refuses there is refused by name.
   - >-
     C(devn) (PVE >= 8.1) writes one C(devN: <path>,mode=<mode>) entry per node; pve-container then
     allows each node's current major at every container start.
@@ -29,8 +38,10 @@ description:
     the config, no chmod/chown, no backup file) while holding pve-container's config lock, an
     flock on C(/run/lock/lxc/pve-config-<vmid>.lock).
   - Refuses, changing nothing, a config whose main section has a C(lock:) key (backup, snapshot,
-    migration in progress) or lines PVE cannot parse, a missing config, unknown device paths, and
-    in raw-lxc mode a host without nvidia-uvm in /proc/devices.
+    migration in progress) or lines PVE cannot parse, a config that is a symbolic link or not a
+    regular file, a missing config, unknown device paths, raw C(lxc.*) lines in [pve:pending]
+    that would undo or double the passthrough, and in raw-lxc mode a host without nvidia-uvm in
+    /proc/devices.
   - Does not restart the container; config changes take effect at its next start.
     The lxc_passthrough role runs C(pct reboot) when this module reports a change.
   - The device nodes need not exist (the ct200-host-devices boot unit creates them).
@@ -123,9 +134,20 @@ removed:
   returned: always
   type: list
   elements: str
+pending_removed:
+  description: Lines of the [pve:pending] section taken out or rewritten (a pending devN for a
+    managed node, now in the main section; a C(delete:) that named an index the module writes).
+  returned: always
+  type: list
+  elements: str
+pending_added:
+  description: The C(delete:) line that replaces such a one (the keys it still deletes), if any.
+  returned: always
+  type: list
+  elements: str
 passthrough_changed:
-  description: Whether the passthrough lines changed (a running container needs a restart); boot
-    keys alone need none.
+  description: Whether the main section's passthrough lines changed (a running container needs
+    a restart); boot keys or a pending-only edit (a shorter C(delete:)) alone need none.
   returned: always
   type: bool
 majors:
@@ -176,6 +198,8 @@ def main() -> None:
         "config_lines": [as_pve_reads(t) for t in edit.managed],
         "added": list(edit.added),
         "removed": list(edit.removed),
+        "pending_removed": list(edit.pending_removed),
+        "pending_added": list(edit.pending_added),
         "passthrough_changed": edit.passthrough_changed,
         "majors": result.majors,
     }

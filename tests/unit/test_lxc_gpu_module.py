@@ -122,6 +122,71 @@ def test_module_runs_from_a_playbook_outside_the_repository(tmp_path: Path) -> N
     assert sorted(p.name for p in conf.parent.iterdir()) == ["200.conf"]
 
 
+def test_module_edits_pending_and_refuses_a_symlink(tmp_path: Path) -> None:
+    """A pending delete of an index the module keeps, shown in the diff and the result; a
+    symlinked config refused in one message, the link and its target untouched."""
+    conf = tmp_path / "lxc" / "200.conf"
+    conf.parent.mkdir()
+    conf.write_text(
+        (CORPUS / "pending-devn.conf").read_text().replace("delete: swap", "delete: dev2,swap")
+    )
+    before = conf.read_bytes()
+    target = tmp_path / "real.conf"
+    target.write_bytes(before)
+    (tmp_path / "lxc" / "201.conf").symlink_to(target)
+    out = tmp_path / "result.json"
+    playbook = tmp_path / "pending.yml"
+    playbook.write_text(
+        f"""\
+- name: Pending state and a symlinked config
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: A config whose pending section deletes dev2
+      ct200_pve_lxc_gpu:
+        path: {conf}
+        devices: [/dev/nvidia0, /dev/nvidiactl, /dev/nvidia-uvm]
+      register: pending
+    - name: A symlinked config
+      ct200_pve_lxc_gpu:
+        path: {tmp_path / "lxc" / "201.conf"}
+        devices: [/dev/nvidia0]
+      register: linked
+      ignore_errors: true
+    - name: Save the results
+      ansible.builtin.copy:
+        content: "{{{{ {{'pending': pending, 'linked': linked}} | to_json }}}}"
+        dest: {out}
+        mode: "0644"
+      check_mode: false
+"""
+    )
+    proc = ansible(
+        "ansible-playbook",
+        "-i",
+        "localhost,",
+        "-e",
+        f"ansible_python_interpreter={system_python()}",
+        "--check",
+        "--diff",
+        str(playbook),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    pending = result["pending"]
+    assert pending["changed"] is True and pending["added"] == pending["removed"] == []
+    assert pending["pending_removed"] == ["delete: dev2,swap"]
+    assert pending["pending_added"] == ["delete: swap"]
+    assert "-delete: dev2,swap\n+delete: swap" in proc.stdout
+    linked = result["linked"]
+    assert linked["failed"] is True
+    assert "201.conf is a symbolic link" in linked["msg"]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert conf.read_bytes() == before and target.read_bytes() == before
+    assert (tmp_path / "lxc" / "201.conf").is_symlink()
+
+
 def test_module_failure_is_one_clear_message(tmp_path: Path) -> None:
     proc = ansible(
         "ansible",
