@@ -18,8 +18,23 @@ CARRY = Path(__file__).resolve().parents[2] / ".gpu-carry"
 WHEELS = CARRY / "wheels"
 UNPACKED = Path("/tmp/ct200-gpu-wheels")
 LLAMA_SOURCE = CARRY / "llama-src.tar.xz"
-#: The modules tests/gpu and ct200_tools import that an image with torch may lack.
-NEEDED = ("gguf", "xxhash", "psutil")
+#: The modules tests/gpu and ct200_tools import that an image with torch may lack, and the
+#: distribution (wheel name) that brings each: aiohttp (ct200-bench's client) and what it imports.
+NEEDED = {
+    "gguf": "gguf",
+    "xxhash": "xxhash",
+    "psutil": "psutil",
+    "aiohttp": "aiohttp",
+    "aiohappyeyeballs": "aiohappyeyeballs",
+    "aiosignal": "aiosignal",
+    "attr": "attrs",
+    "frozenlist": "frozenlist",
+    "multidict": "multidict",
+    "propcache": "propcache",
+    "yarl": "yarl",
+    "idna": "idna",
+    "typing_extensions": "typing_extensions",
+}
 
 
 def _tag() -> str:
@@ -33,7 +48,7 @@ def use_carried_wheels() -> list[str]:
         return []
     used = []
     for module in missing:
-        candidates = sorted(WHEELS.glob(f"{module}-*.whl"))
+        candidates = sorted(WHEELS.glob(f"{NEEDED[module]}-*.whl"))
         fitting = [w for w in candidates if "-py3-" in w.name or "abi3" in w.name]
         fitting += [w for w in candidates if f"-{_tag()}-" in w.name]
         if not fitting:

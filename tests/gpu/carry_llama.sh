@@ -6,8 +6,9 @@
 #                     hash), without what a CUDA llama-server build never reads (models/*.gguf,
 #                     docs, media, benches, the other GPU backends): the sdist is 76 MB, over the
 #                     device tool's 64 MiB carry limit; this is about 10 MB
-#   wheels/           gguf (the testbed's model generator) and xxhash/psutil for the GPU machine's
-#                     Python, in case its image lacks them; unzipped onto sys.path, never installed
+#   wheels/           gguf (the testbed's model generator), xxhash/psutil and aiohttp with what it
+#                     imports (ct200-bench) for the GPU machine's Python, in case its image lacks
+#                     them (tests/gpu/carried.py); unzipped onto sys.path, never installed
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=.gpu-carry
@@ -30,9 +31,11 @@ echo "llama-cpp-python $version sha256:$sha" >"$src/CT200_SOURCE"
 tar -C "$work/llama_cpp_python-$version/vendor" -cJf "$out/llama-src.tar.xz.partial" llama.cpp
 mv "$out/llama-src.tar.xz.partial" "$out/llama-src.tar.xz"
 rm -rf "$out/wheels" && mkdir -p "$out/wheels"
-python3 -m pip download -q --no-deps gguf -d "$out/wheels"
+python3 -m pip download -q --no-deps gguf aiohappyeyeballs aiosignal attrs idna \
+  typing_extensions -d "$out/wheels"
 for pyver in 3.10 3.11 3.12 3.13; do
   python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux2014_x86_64 \
-    --platform manylinux_2_17_x86_64 --python-version "$pyver" xxhash psutil -d "$out/wheels"
+    --platform manylinux_2_17_x86_64 --python-version "$pyver" \
+    xxhash psutil aiohttp frozenlist multidict propcache yarl -d "$out/wheels"
 done
 ls -la "$out" "$out/wheels"
