@@ -2,7 +2,7 @@
 the host.* and lxc.* fixes, the SSH door (ct200_tools/probes/ssh.py) against a real SSH server
 in this process, and the CLI's bad input.
 
-The pass/fail examples of every check are in test_checks.py and its root causes in
+The pass/fail examples of every check are in ct200_tools/checks/examples/ and its root causes in
 test_causes.py; this file checks what the fixes say, and that they agree with the
 ct200_pve_lxc_gpu module's own edit.
 """
