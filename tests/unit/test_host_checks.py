@@ -77,12 +77,6 @@ def test_recorded_h200_major_passes() -> None:
     assert got["host.nodes"].status == "pass"
 
 
-def test_devn_config_with_a_leftover_rule_is_a_warning_to_delete_it() -> None:
-    got = judged(hh.HostCase(conf_text=hh.DEVN_STALE))["lxc.majors"]
-    assert got.status == "warn"
-    assert got.remediation is not None and got.remediation.command == f"-{STALE}"
-
-
 def test_nodes_not_passed_fix_is_pct_set_and_the_modules_edit_passes() -> None:
     got = judged(hh.HostCase(conf="fresh-pve8.conf"))["lxc.nodes"]
     assert got.status == "fail" and got.summary.startswith("11 of 11 NVIDIA nodes not passed")
