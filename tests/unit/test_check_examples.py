@@ -43,7 +43,7 @@ FACT_SECTIONS = (
 )
 FILE_KEYS = {"check", "examples"}
 EXAMPLE_KEYS = {"name", "about", "facts", "set", "delete", "spec", "enabled", "expect"}
-EXPECT_KEYS = {"status", "summary", "caused_by", "action", "where", "command", "tag"}
+EXPECT_KEYS = {"status", "summary", "evidence", "caused_by", "action", "where", "command", "tag"}
 NAME = re.compile(r"(pass|fail|warn|skip|error)-[a-z0-9]+(-[a-z0-9]+)*")
 
 
@@ -176,6 +176,8 @@ def test_example(cid: str, ex: dict[str, Any]) -> None:
     assert (got.id, got.title, got.severity) == (c.id, c.title, c.severity)
     # The stable part of the verdict: the example's text is in the finding's.
     assert expect["summary"] in got.summary, got.summary
+    for line in expect.get("evidence") or ():  # each in one of the finding's evidence lines
+        assert any(line in e for e in got.evidence), (line, got.evidence)
     assert got.caused_by == expect.get("caused_by"), got
     fix = got.remediation
     if "action" not in expect:  # a pass, a skip, or a warning with nothing to do yet
@@ -195,7 +197,12 @@ def test_example(cid: str, ex: dict[str, Any]) -> None:
 def test_a_wrong_expectation_fails() -> None:
     """The runner is not a rubber stamp: an example whose verdict is changed fails."""
     cid, ex = next((cid, ex) for cid, ex in all_examples() if ex["expect"]["status"] == "fail")
-    for changed in ({"status": "pass"}, {"summary": "no such text"}, {"command": "rm -rf /"}):
+    for changed in (
+        {"status": "pass"},
+        {"summary": "no such text"},
+        {"command": "rm -rf /"},
+        {"evidence": ["no such line"]},
+    ):
         wrong = {**ex, "expect": {**ex["expect"], **changed}}
         with pytest.raises(AssertionError):
             test_example(cid, wrong)

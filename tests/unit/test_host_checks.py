@@ -125,13 +125,6 @@ def test_uvm_not_loaded_on_the_host_names_the_boot_unit() -> None:
     assert got["lxc.majors"].status == "skip" and got["lxc.majors"].caused_by == "host.nodes"
 
 
-def test_missing_host_node_is_made_with_nvidia_modprobe() -> None:
-    nodes = judged(hh.HostCase(missing=("/dev/nvidia3",)))["host.nodes"]
-    assert nodes.status == "fail"
-    assert nodes.evidence[0] == "/dev/nvidia3 does not exist"
-    assert nodes.remediation is not None and nodes.remediation.command == "nvidia-modprobe -c 3"
-
-
 def test_a_host_without_gpus_is_not_the_gpus_host() -> None:
     got = judged(hh.HostCase(gpus=(), nvidia=False, module=None))
     nodes = got["host.nodes"]
