@@ -100,9 +100,13 @@ def _shown(c: Check) -> str:
     where = f"`ct200_tools/checks/examples/{c.id}.yml`"
     return (
         f"{'Failing' if bad['expect']['status'] == 'fail' else 'Warning'} example "
-        f"(`{bad['name']}` in {where}):\n\n{_verdict(bad)}\n"
-        f"Passing example (`{good['name']}`):\n\n{_verdict(good)}"
+        f"(`{bad['name']}` in {where}){_about(bad)}:\n\n{_verdict(bad)}\n"
+        f"Passing example (`{good['name']}`){_about(good)}:\n\n{_verdict(good)}"
     )
+
+
+def _about(ex: dict[str, Any]) -> str:
+    return f", {ex['about']}" if ex.get("about") else ""
 
 
 def _section(c: Check) -> str:
