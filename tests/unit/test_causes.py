@@ -489,31 +489,6 @@ def test_c195_denied_fix_passes_every_denied_node_through(ct200: SiteSpec) -> No
     assert raw_got["driver.nvml"].remediation == fix
 
 
-def test_uvm_not_loaded_says_so_with_modprobe() -> None:
-    got = {f.id: f for f in CASES["derived-uvm-unloaded"].run()}
-    majors = got["dev.majors"]
-    assert majors.status == "fail"
-    assert majors.summary == (
-        "nvidia-uvm is not in /proc/devices: the nvidia_uvm kernel module is not loaded"
-    )
-    assert majors.remediation is not None
-    assert majors.remediation.command == "modprobe nvidia_uvm && nvidia-modprobe -u -c0"
-    assert majors.remediation.tag == "host_devices"
-    assert majors.remediation.where == "host"  # the recording reads as a container
-    assert "pct reboot 200" in majors.remediation.action
-
-
-def test_module_not_loaded_with_gpus_on_the_bus_gives_modprobe() -> None:
-    got = {f.id: f for f in CASES["derived-module-unloaded"].run()}
-    module = got["driver.module"]
-    assert module.summary == "NVIDIA kernel module not loaded (/proc/driver/nvidia/version absent)"
-    assert module.evidence == ("1 NVIDIA GPU on the PCI bus",)
-    assert module.remediation is not None
-    assert module.remediation.command == (
-        "modprobe nvidia && modprobe nvidia_uvm && nvidia-modprobe -u -c0"
-    )
-
-
 def _text(case: str) -> list[str]:
     c = CASES[case]
     f = c.edit(recorded(c.facts))

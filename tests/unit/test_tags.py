@@ -49,7 +49,7 @@ def listed_tags() -> frozenset[str]:
 
 def named_tags() -> dict[str, set[str]]:
     """Every tag a check declares, and every tag its remediations name on the fixtures (the
-    test in test_checks.py keeps remediation tags within the declared ones)."""
+    test_check_examples.py keeps remediation tags within the declared ones)."""
     named: dict[str, set[str]] = {}
     for c in CHECKS:
         for t in c.tags:
