@@ -363,11 +363,12 @@ def _rows(doc: object) -> list[HostResult]:
         except ValueError:
             choices = ", ".join(s.value for s in Status)
             raise FieldError(h.at("status"), f"expected one of {choices}") from None
-        report = h.raw("report")
-        if report is not None:
-            check_report(report, h.at("report"))
+        got = h.raw("report")
+        if got is not None:
+            check_report(got, h.at("report"))
+        report = got if isinstance(got, dict) else None  # check_report: a dict or None
         stderr = _tail("\n".join(h.texts("stderr", optional=True)))
-        if isinstance(report, dict) and status in (Status.FAIL, Status.WARN, Status.OK):
+        if report is not None and status in (Status.FAIL, Status.WARN, Status.OK):
             out.append(_from_report(host, rc, report, stderr))
         else:
             out.append(HostResult(host, status, detail, rc, report, stderr))
