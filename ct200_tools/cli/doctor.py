@@ -544,11 +544,13 @@ def _probe(
 
 def _read_facts(path: Path) -> Facts:
     from ct200_tools.facts import read_file  # noqa: PLC0415
+    from ct200_tools.untrusted import UntrustedInputError, show  # noqa: PLC0415
 
     try:
         return read_file(path)
-    except OSError as exc:
-        raise DoctorError(f"cannot read facts file {path}: {exc.strerror or exc}") from None
+    except UntrustedInputError as exc:
+        why = exc.reason.removeprefix("is ")
+        raise DoctorError(f"cannot read facts file {show(path)}: {why}\n  fix: {exc.fix}") from None
     except FactsFormatError as exc:
         raise DoctorError(f"facts file {path}: {exc}") from None
 
