@@ -66,3 +66,15 @@ def test_a_spec_that_is_no_file_is_refused_with_a_fix(tmp_path: Path, kind: str,
     path = hostile(tmp_path, kind, "site.yml")
     refused(doctor("validate", path), path, said, "fix:")
     refused(doctor("check", "--facts", FACTS, "--spec", path), path, said, "fix:")
+
+
+def test_a_staged_models_config_that_is_a_fifo_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    """The quantization probe (doctor and preflight) reads config.json from the staged model."""
+    from ct200_tools.probes.base import Reader  # noqa: PLC0415
+    from ct200_tools.probes.engine import probe_quant  # noqa: PLC0415
+
+    staged = tmp_path / "dev" / "shm" / "models" / "m"
+    staged.mkdir(parents=True)
+    os.mkfifo(staged / "config.json")
+    got = probe_quant(Reader(root=tmp_path), "/dev/shm/models/m")
+    assert got.error is not None and "FIFO" in got.error, got
