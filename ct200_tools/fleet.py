@@ -269,7 +269,7 @@ def _order(r: HostResult) -> tuple[int, str]:
 def _lines(text: str) -> list[str]:
     """A multi-line field (a fix's command) as lines, each escaped: only a newline the field
     itself holds starts a line, never a CR or another break a terminal would honour."""
-    return [show(line) for line in text.split("\n")] if text else []
+    return [show(line) for line in text.removesuffix("\n").split("\n")] if text else []
 
 
 def render_table(results: Sequence[HostResult]) -> str:
