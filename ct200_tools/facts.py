@@ -17,6 +17,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from ct200_tools.untrusted import UntrustedInputError, read_bounded
+
 #: Bump when a field changes meaning or is removed; adding optional fields keeps the version.
 SCHEMA_VERSION = 1
 
@@ -593,15 +595,25 @@ _BOMS = (
 )
 
 
+#: What to do about a facts file that cannot be read at all.
+READ_FIX = (
+    "take a snapshot on the machine (`ct200-doctor snapshot > facts.json`) and pass that file"
+)
+
+
 def read_file(path: str | os.PathLike[str]) -> Facts:
-    """Read and parse a facts file, at most MAX_FACTS_BYTES of it. OSError when it cannot be
-    read; FactsFormatError, naming the encoding or the line, when it is not a facts document."""
-    with open(path, "rb") as fh:
-        data = fh.read(MAX_FACTS_BYTES + 1)
-    if len(data) > MAX_FACTS_BYTES:
+    """Read and parse a facts file, at most MAX_FACTS_BYTES of it, as a file from outside
+    (untrusted.read_bounded: a FIFO or a device is refused, never waited on). UntrustedInputError
+    when it cannot be read; FactsFormatError, naming the encoding or the line, when it is not a
+    facts document."""
+    try:
+        data = read_bounded(path, "facts file", MAX_FACTS_BYTES, READ_FIX)
+    except UntrustedInputError as exc:
+        if exc.problem != "too-large":
+            raise
         raise FactsFormatError(
             f"larger than {MAX_FACTS_BYTES >> 20} MiB: not a facts snapshot (one is tens of KB)"
-        )
+        ) from None
     return loads(decode(data))
 
 

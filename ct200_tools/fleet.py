@@ -10,7 +10,6 @@ offered as fixes of their own, as in the doctor's own text view.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,11 +20,21 @@ from ct200_tools.checks import SelectionError, select
 from ct200_tools.checks.base import STATUSES, plural
 from ct200_tools.exitcodes import Exit
 from ct200_tools.report import REPORT_SCHEMA_VERSION
+from ct200_tools.untrusted import FieldError, Fields, UntrustedInputError, each, parse_json, show
 
 #: Version of the gathered fleet document (the file doctor.yml writes).
 FLEET_SCHEMA_VERSION = 1
 #: Lines of a broken doctor's stderr kept in the table and the document.
 STDERR_LINES = 5
+#: The most a fleet file may be: a doctor's report is tens of KB, this holds thousands of hosts.
+MAX_FILE_BYTES = 64 << 20
+#: The most of one host's output read as its report.
+MAX_REPORT_CHARS = 16 << 20
+#: How to get a good fleet file (every refusal of one says it).
+FILE_FIX = (
+    "give the file playbooks/doctor.yml wrote with -e ct200_doctor_fleet_file=FILE, "
+    "or run that playbook again to write it"
+)
 
 
 class Status(StrEnum):
@@ -93,21 +102,36 @@ def only_ids(value: object) -> list[str]:
     return ids
 
 
+def check_report(doc: object, path: str = "") -> None:
+    """FieldError naming the first field of ``doc`` that is not what a doctor report has, among
+    those this module reads. A report comes from another machine: every field the table shows
+    is typed here, so that rendering it can never raise."""
+    report = Fields(doc, path)
+    version = report.raw("schema_version")
+    if type(version) is not int or version != REPORT_SCHEMA_VERSION:
+        raise FieldError(
+            path, f"schema_version {show(version, 40)}, expected {REPORT_SCHEMA_VERSION}"
+        )
+    for where, item in report.each("checks"):
+        check = Fields(item, where)
+        check.text("id")
+        if check.text("status") not in STATUSES:
+            raise FieldError(check.at("status"), f"expected one of {', '.join(STATUSES)}")
+        check.opt_text("summary")
+        check.opt_text("caused_by")
+        fix = check.opt_obj("remediation")
+        if fix is not None:
+            for key in ("where", "action", "command", "tag"):
+                fix.opt_text(key)
+    report.texts("root_causes")
+
+
 def _report_problem(doc: object) -> str | None:
     """Why a parsed stdout is not a doctor report this code reads, or None."""
-    if not isinstance(doc, dict):
-        return "not a JSON object"
-    if doc.get("schema_version") != REPORT_SCHEMA_VERSION:
-        return f"schema_version {doc.get('schema_version')!r}, expected {REPORT_SCHEMA_VERSION}"
-    checks = doc.get("checks")
-    if not isinstance(checks, list) or not all(
-        isinstance(c, dict) and isinstance(c.get("id"), str) and c.get("status") in STATUSES
-        for c in checks
-    ):
-        return "its checks are not a list of {id, status}"
-    roots = doc.get("root_causes")
-    if not isinstance(roots, list) or not all(isinstance(r, str) for r in roots):
-        return "root_causes is not a list of check ids"
+    try:
+        check_report(doc)
+    except FieldError as exc:
+        return str(exc)
     return None
 
 
@@ -171,14 +195,19 @@ def judge(host: str, result: Mapping[str, Any] | None, expected: bool, fix: str)
             host, Status.NO_DOCTOR, "ct200-doctor is not installed (the site does not put it here)"
         )
     rc, stderr = result.get("exit_code"), _tail(result.get("stderr"))
+    if rc is not None and (type(rc) is not int):
+        return HostResult(host, Status.BROKE, f"exit code {show(rc, 40)} is not a number")
     if result.get("timed_out"):
         took = f"the doctor timed out after {result.get('duration_s')} s"
         return HostResult(host, Status.BROKE, took, rc, None, stderr)
-    try:
-        report: object = json.loads(str(result.get("stdout") or ""))
-    except json.JSONDecodeError as exc:
-        why = f"its output is not JSON ({exc.msg})"
+    stdout = str(result.get("stdout") or "")
+    if len(stdout) > MAX_REPORT_CHARS:
+        why = f"its output is {len(stdout)} characters, not a report"
         return HostResult(host, Status.BROKE, f"exit {rc}: {why}", rc, None, stderr)
+    try:
+        report = parse_json(stdout, "its output", "")
+    except UntrustedInputError as exc:
+        return HostResult(host, Status.BROKE, f"exit {rc}: {exc.message}", rc, None, stderr)
     problem = _report_problem(report)
     if problem is not None or not isinstance(report, dict):
         why = f"its output is not the doctor's report ({problem})"
@@ -237,10 +266,20 @@ def _order(r: HostResult) -> tuple[int, str]:
     return list(Status).index(r.status), r.host
 
 
+def _lines(text: str) -> list[str]:
+    """A multi-line field (a fix's command) as lines, each escaped: only a newline the field
+    itself holds starts a line, never a CR or another break a terminal would honour."""
+    return [show(line) for line in text.removesuffix("\n").split("\n")] if text else []
+
+
 def render_table(results: Sequence[HostResult]) -> str:
-    """The fleet table: worst rows first; for a failing host its root causes and their fixes."""
+    """The fleet table: worst rows first; for a failing host its root causes and their fixes.
+
+    Every field comes from a host or a saved file, so each is shown escaped (show): a host
+    named "x\\n fleet: ok" is one row with that name, never a forged row or summary line."""
     rows = sorted(results, key=_order)
-    width = max([len("HOST"), *(len(r.host) for r in rows)])
+    names = {id(r): show(r.host) for r in rows}
+    width = max([len("HOST"), *(len(n) for n in names.values())])
     swidth = max(len(s.value) for s in Status)
     n = Counter(r.status for r in rows)
     lines = [
@@ -250,18 +289,20 @@ def render_table(results: Sequence[HostResult]) -> str:
     ]
     pad = " " * (width + swidth + 4)
     for r in rows:
-        lines.append(f"{r.host:<{width}}  {r.status.value.upper():<{swidth}}  {r.detail}")
+        status = r.status.value.upper()
+        lines.append(f"{names[id(r)]:<{width}}  {status:<{swidth}}  {show(r.detail)}")
         for root in r.roots:
             more = f" (+{plural(len(root.consequences), 'consequence')})"
-            lines.append(f"{pad}{root.id}: {root.summary}{more if root.consequences else ''}")
+            said = f"{show(root.id)}: {show(root.summary)}"
+            lines.append(f"{pad}{said}{more if root.consequences else ''}")
             if root.action:
-                lines.append(f"{pad}  fix on {root.where}: {root.action}")
-            lines.extend(f"{pad}    $ {c}" for c in (root.command or "").splitlines())
+                lines.append(f"{pad}  fix on {show(root.where)}: {show(root.action)}")
+            lines.extend(f"{pad}    $ {c}" for c in _lines(root.command or ""))
             if root.tag:
-                lines.append(f"{pad}    (playbook tag: {root.tag})")
-        lines.extend(f"{pad}warning {w}" for w in r.warnings)
-        lines.extend(f"{pad}stderr: {e}" for e in r.stderr)
-    bad = [r.host for r in rows if r.status in FAILING]
+                lines.append(f"{pad}    (playbook tag: {show(root.tag)})")
+        lines.extend(f"{pad}warning {show(w)}" for w in r.warnings)
+        lines.extend(f"{pad}stderr: {show(e)}" for e in r.stderr)
+    bad = [names[id(r)] for r in rows if r.status in FAILING]
     lines.append(
         f"fleet: FAIL ({plural(len(bad), 'host')}: {', '.join(bad)})"
         if bad
@@ -294,22 +335,39 @@ def to_document(results: Sequence[HostResult]) -> dict[str, Any]:
 
 
 def from_document(doc: object) -> list[HostResult]:
-    """Rows again from a document to_document wrote (`ct200-doctor fleet FILE`)."""
-    if not isinstance(doc, dict) or doc.get("schema_version") != FLEET_SCHEMA_VERSION:
-        raise FleetFormatError(f"not a fleet document (schema_version {FLEET_SCHEMA_VERSION})")
-    hosts = doc.get("hosts")
-    if not isinstance(hosts, list):
-        raise FleetFormatError("hosts: not a list")
+    """Rows again from a document to_document wrote (`ct200-doctor fleet FILE`); FleetFormatError
+    naming the field path (hosts[3].report.checks[0].summary) of the first field that is not
+    what to_document writes."""
+    try:
+        return _rows(doc)
+    except FieldError as exc:
+        raise FleetFormatError(str(exc)) from None
+
+
+def _rows(doc: object) -> list[HostResult]:
+    top = Fields(doc)
+    version = top.raw("schema_version")
+    if type(version) is not int or version != FLEET_SCHEMA_VERSION:
+        raise FieldError(
+            "",
+            f"not a fleet document (schema_version {show(version, 40)}, "
+            f"expected {FLEET_SCHEMA_VERSION})",
+        )
     out = []
-    for i, h in enumerate(hosts):
+    for where, item in each(top.raw("hosts"), "hosts"):
+        h = Fields(item, where)
+        host, detail, rc = h.text("host"), h.text("detail"), h.opt_int("rc")
+        said = h.text("status")
         try:
-            status = Status(h["status"])
-            host, detail, rc, report = str(h["host"]), str(h["detail"]), h.get("rc"), h["report"]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise FleetFormatError(f"hosts[{i}]: {exc!r} is missing or wrong") from None
-        if report is not None and (_report_problem(report) is not None):
-            raise FleetFormatError(f"hosts[{i}].report: {_report_problem(report)}")
-        stderr = _tail("\n".join(h.get("stderr") or ()))
+            status = Status(said)
+        except ValueError:
+            choices = ", ".join(s.value for s in Status)
+            raise FieldError(h.at("status"), f"expected one of {choices}") from None
+        got = h.raw("report")
+        if got is not None:
+            check_report(got, h.at("report"))
+        report = got if isinstance(got, dict) else None  # check_report: a dict or None
+        stderr = _tail("\n".join(h.texts("stderr", optional=True)))
         if report is not None and status in (Status.FAIL, Status.WARN, Status.OK):
             out.append(_from_report(host, rc, report, stderr))
         else:

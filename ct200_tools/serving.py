@@ -21,6 +21,14 @@ from typing import Final, Literal
 from ct200_tools.fsutil import write_atomic
 from ct200_tools.spec import ServerSpec, SiteSpec
 from ct200_tools.spec.read import did_you_mean
+from ct200_tools.untrusted import (
+    FieldError,
+    Fields,
+    UntrustedInputError,
+    parse_json,
+    read_bounded,
+    show,
+)
 
 STATE_PATH: Final = "/var/lib/ct200/serving.json"
 #: Names the file's format; a reader refuses a version it does not know.
@@ -87,19 +95,19 @@ def damaged_fix(path: str) -> str:
     )
 
 
-def parse(text: str, path: str = STATE_PATH) -> ServingState:
+def parse(text: str | bytes, path: str = STATE_PATH) -> ServingState:
     """The state in `text`; ServingError naming the path and the fix when it is not one."""
     fix = damaged_fix(path)
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise ServingError(f"{path} is not JSON ({exc})", fix, "not JSON") from None
+        data = parse_json(text, show(path), fix)
+    except UntrustedInputError as exc:
+        raise ServingError(exc.message, fix, _why(exc)) from None
     if not isinstance(data, dict) or data.get("kind") != KIND:
         why = f'not a serving set (no "kind": "{KIND}")'
         raise ServingError(f"{path} is {why}", fix, why)
     if data.get("schema_version") != SCHEMA_VERSION:
         why = (
-            f"schema_version {data.get('schema_version')!r}; this ct200-tools reads "
+            f"schema_version {show(data.get('schema_version'), 40)}; this ct200-tools reads "
             f"{SCHEMA_VERSION}"
         )
         raise ServingError(
@@ -109,27 +117,34 @@ def parse(text: str, path: str = STATE_PATH) -> ServingState:
     if not isinstance(servers, list) or not all(isinstance(s, str) for s in servers):
         why = 'no "servers" list of names in it'
         raise ServingError(f'{path}: "servers" is not a list of server names', fix, why)
-    switched_at, by = data.get("switched_at", ""), data.get("by", "")
-    return ServingState(tuple(servers), str(switched_at), str(by))
-
-
-def read_state(path: str = STATE_PATH) -> ServingState | None:
-    """The recorded serving set, or None when there is none (the spec's enabled flags rule)."""
+    fields = Fields(data)
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read(MAX_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise ServingError(
-            f"cannot read {path}: {exc.strerror}", "run as root, or check the file's mode"
-        ) from None
-    except UnicodeDecodeError as exc:
-        why = f"not UTF-8 text (byte {exc.start})"
-        raise ServingError(f"{path} is {why}", damaged_fix(path), why) from None
-    if len(text) > MAX_BYTES:
-        raise ServingError(f"{path} is larger than {MAX_BYTES} bytes: not a serving set", "")
-    return parse(text, path)
+        switched_at, by = fields.opt_text("switched_at"), fields.opt_text("by")
+    except FieldError as exc:
+        raise ServingError(f"{path}: {exc}", fix, str(exc)) from None
+    return ServingState(tuple(servers), switched_at or "", by or "")
+
+
+def read_state(path: str | os.PathLike[str] = STATE_PATH) -> ServingState | None:
+    """The recorded serving set, or None when there is none (the spec's enabled flags rule).
+
+    Read as a file from outside (untrusted.read_bounded): a FIFO, a device or a link to one, or
+    a file larger than any serving set is refused at once with the fix, never read or waited on.
+    """
+    name = os.fspath(path)
+    try:
+        data = read_bounded(path, "the serving set", MAX_BYTES, damaged_fix(name))
+    except UntrustedInputError as exc:
+        if exc.problem == "missing":
+            return None
+        fix = "run as root, or check the file's mode" if exc.problem == "unreadable" else exc.fix
+        raise ServingError(exc.message, fix, _why(exc)) from None
+    return parse(data, name)
+
+
+def _why(exc: UntrustedInputError) -> str:
+    """The doctor's short reason: "not JSON", "a FIFO (named pipe), not a regular file"..."""
+    return exc.reason.removeprefix("is ").split(":")[0]
 
 
 def write_state(state: ServingState, path: str = STATE_PATH) -> None:
@@ -171,6 +186,21 @@ def serving_set(site: SiteSpec, state: ServingState | None) -> ServingSet:
 
 def current(site: SiteSpec, path: str = STATE_PATH) -> ServingSet:
     return serving_set(site, read_state(path))
+
+
+def require_known(site: SiteSpec, chosen: ServingSet) -> ServingSet:
+    """``chosen``, unless serving.json names servers and the spec has none of them: then there
+    is nothing to smoke-test, and calling that a pass would hide that the set is stale."""
+    if chosen.servers or not chosen.unknown:
+        return chosen
+    names = ", ".join(show(n, 80) for n in chosen.unknown)
+    known = ", ".join(s.name for s in site.servers) or "it has none"
+    raise ServingError(
+        f"the serving set in {STATE_PATH} names only servers the site spec lacks: {names}",
+        f"choose the set again from the spec's servers ({known}) with "
+        f"`ct200-serve switch NAME...`, or remove {STATE_PATH} to serve the spec's enabled "
+        "servers",
+    )
 
 
 def resolve(site: SiteSpec, names: Iterable[str]) -> tuple[ServerSpec, ...]:

@@ -15,6 +15,8 @@ import contextlib
 import json
 import os
 import stat
+from collections.abc import Iterator
+from typing import Literal
 
 
 def _escape_char(ch: str) -> str:
@@ -59,16 +61,27 @@ def is_plain(value: str) -> bool:
     return show(value) == value
 
 
+#: Why a file was refused, for callers whose fix depends on it (a missing serving.json is no
+#: error at all; an unreadable one wants root, a damaged one a rewrite).
+Problem = Literal["missing", "unreadable", "not-regular", "too-large", "format"]
+
+
 class UntrustedInputError(ValueError):
     """A file from outside that cannot be used: the message names it, ``fix`` says what to do.
 
     Commands turn it into exit 2 (bad input) with the fix line, never exit 3 and never a hang.
+    ``reason`` is the message without the file's name, for callers that name it their own way;
+    ``problem`` says which kind of refusal it is.
     """
 
-    def __init__(self, message: str, fix: str) -> None:
+    def __init__(
+        self, message: str, fix: str, *, problem: Problem = "format", reason: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.fix = fix
+        self.problem: Problem = problem
+        self.reason = reason or message
 
 
 def read_bounded(path: str | os.PathLike[str], what: str, max_bytes: int, fix: str) -> bytes:
@@ -81,32 +94,27 @@ def read_bounded(path: str | os.PathLike[str], what: str, max_bytes: int, fix: s
     Symlinks are followed (a site may link its files), but the target must be a regular file.
     """
     shown = show(os.fspath(path))
+
+    def refuse(reason: str, problem: Problem) -> UntrustedInputError:
+        return UntrustedInputError(f"{what} {shown} {reason}", fix, problem=problem, reason=reason)
+
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise UntrustedInputError(f"{what} {shown} does not exist", fix) from None
+        raise refuse("does not exist", "missing") from None
     except OSError as exc:
         # A socket cannot be opened at all (ENXIO): say what it is rather than the errno.
         with contextlib.suppress(OSError):
             mode = os.stat(path).st_mode
             if not stat.S_ISREG(mode):
-                raise UntrustedInputError(
-                    f"{what} {shown} is {_kind(mode)}, not a regular file", fix
-                ) from None
-        raise UntrustedInputError(
-            f"{what} {shown} cannot be opened: {show(exc.strerror or exc)}", fix
-        ) from None
+                raise refuse(f"is {_kind(mode)}, not a regular file", "not-regular") from None
+        raise refuse(f"cannot be opened: {show(exc.strerror or exc)}", "unreadable") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise UntrustedInputError(
-                f"{what} {shown} is {_kind(st.st_mode)}, not a regular file", fix
-            )
+            raise refuse(f"is {_kind(st.st_mode)}, not a regular file", "not-regular")
         if st.st_size > max_bytes:
-            raise UntrustedInputError(
-                f"{what} {shown} is {st.st_size} bytes, more than the {max_bytes} it may be",
-                fix,
-            )
+            raise refuse(f"is {st.st_size} bytes, more than the {max_bytes} it may be", "too-large")
         os.set_blocking(fd, True)
         chunks: list[bytes] = []
         total = 0
@@ -118,14 +126,10 @@ def read_bounded(path: str | os.PathLike[str], what: str, max_bytes: int, fix: s
             total += len(chunk)
             if total > max_bytes:
                 # The file grew while it was read (or lied about its size, as /proc files do).
-                raise UntrustedInputError(
-                    f"{what} {shown} is more than the {max_bytes} bytes it may be", fix
-                )
+                raise refuse(f"is more than the {max_bytes} bytes it may be", "too-large")
         return b"".join(chunks)
     except OSError as exc:
-        raise UntrustedInputError(
-            f"{what} {shown} cannot be read: {show(exc.strerror or exc)}", fix
-        ) from None
+        raise refuse(f"cannot be read: {show(exc.strerror or exc)}", "unreadable") from None
     finally:
         os.close(fd)
 
@@ -147,32 +151,48 @@ def load_json(
 ) -> object:
     """``path`` read with ``read_bounded`` and parsed as UTF-8 JSON nested at most ``max_depth``.
 
-    The depth is measured before parsing (json.loads recurses, and a deep document would raise
-    RecursionError, which is no user's error message). The caller validates the types.
+    The caller validates the types (``Fields``).
     """
     data = read_bounded(path, what, max_bytes, fix)
-    shown = show(os.fspath(path))
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UntrustedInputError(
-            f"{what} {shown} is not UTF-8 (byte {exc.start}): not JSON", fix
-        ) from None
-    if json_depth(text) > max_depth:
-        raise UntrustedInputError(
-            f"{what} {shown} is nested more than {max_depth} levels deep", fix
-        )
+    return parse_json(data, f"{what} {show(os.fspath(path))}", fix, max_depth)
+
+
+def parse_json(data: bytes | str, what: str, fix: str, max_depth: int = 32) -> object:
+    """``data`` parsed as JSON nested at most ``max_depth``; ``what`` names it in the messages.
+
+    The depth is measured before parsing (json.loads recurses, and a deep document would raise
+    RecursionError, which is no user's error message).
+    """
+    if isinstance(data, bytes):
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            reason = f"is not UTF-8 (byte {exc.start}): not JSON"
+            raise UntrustedInputError(f"{what} {reason}", fix, reason=reason) from None
+    else:
+        text = data
+    depth, where = _deepest(text, max_depth)
+    if depth > max_depth:
+        reason = f"is nested more than {max_depth} levels deep (at character {where})"
+        raise UntrustedInputError(f"{what} {reason}", fix, reason=reason)
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:
-        raise UntrustedInputError(f"{what} {shown} is not JSON: {show(exc, 200)}", fix) from None
+        reason = f"is not JSON: {show(exc, 200)}"
+        raise UntrustedInputError(f"{what} {reason}", fix, reason=reason) from None
 
 
 def json_depth(text: str) -> int:
     """The deepest nesting of ``[``/``{`` in a JSON text, brackets inside strings not counted."""
-    depth = deepest = 0
+    return _deepest(text, None)[0]
+
+
+def _deepest(text: str, stop_above: int | None) -> tuple[int, int]:
+    """(The deepest nesting, the offset where it was reached); the scan stops at the first
+    bracket deeper than ``stop_above``, so a hostile document is not walked to its end."""
+    depth = deepest = where = 0
     in_string = escaped = False
-    for ch in text:
+    for i, ch in enumerate(text):
         if in_string:
             if escaped:
                 escaped = False
@@ -184,7 +204,121 @@ def json_depth(text: str) -> int:
             in_string = True
         elif ch in "[{":
             depth += 1
-            deepest = max(deepest, depth)
+            if depth > deepest:
+                deepest, where = depth, i
+                if stop_above is not None and depth > stop_above:
+                    break
         elif ch in "]}":
             depth -= 1
-    return deepest
+    return deepest, where
+
+
+# --- typed fields -------------------------------------------------------------------------------
+
+
+class FieldError(ValueError):
+    """A field of a parsed document that is missing or of the wrong type; ``path`` names it the
+    way a person finds it in the file (``hosts[3].checks[0].detail``)."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"{path}: {problem}" if path else problem)
+        self.path = path
+        self.problem = problem
+
+
+def kind_of(value: object) -> str:
+    """What a JSON value is, in words: for "expected a string, got a list"."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"{'true' if value else 'false'}"
+    if isinstance(value, int | float):
+        return f"the number {show(value, 40)}"
+    if isinstance(value, str):
+        return f'the string "{show(value, 40)}"'
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def wrong(path: str, expected: str, value: object) -> FieldError:
+    return FieldError(path, f"expected {expected}, got {kind_of(value)}")
+
+
+def each(value: object, path: str) -> Iterator[tuple[str, object]]:
+    """The items of the list ``value`` with their paths (``hosts[0]``, ``hosts[1]``...)."""
+    if not isinstance(value, list):
+        raise wrong(path, "a list", value)
+    for i, item in enumerate(value):
+        yield f"{path}[{i}]", item
+
+
+_MISSING = object()
+
+
+class Fields:
+    """A JSON object from outside, read field by field: each accessor returns the field typed as
+    asked or raises FieldError naming its path. ``bool`` is never taken for a number."""
+
+    def __init__(self, value: object, path: str = "") -> None:
+        if not isinstance(value, dict):
+            raise wrong(path, "an object", value)
+        self.value: dict[str, object] = value
+        self.path = path
+
+    def at(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def _get(self, key: str, optional: bool) -> object:
+        got = self.value.get(key, _MISSING)
+        if got is _MISSING:
+            if optional:
+                return None
+            raise FieldError(self.at(key), "missing")
+        return got
+
+    def raw(self, key: str) -> object:
+        return self._get(key, True)
+
+    def text(self, key: str) -> str:
+        got = self._get(key, False)
+        if not isinstance(got, str):
+            raise wrong(self.at(key), "a string", got)
+        return got
+
+    def opt_text(self, key: str) -> str | None:
+        """A string, or None when absent or null."""
+        got = self._get(key, True)
+        if got is not None and not isinstance(got, str):
+            raise wrong(self.at(key), "a string or null", got)
+        return got
+
+    def opt_int(self, key: str) -> int | None:
+        got = self._get(key, True)
+        if got is not None and (isinstance(got, bool) or not isinstance(got, int)):
+            raise wrong(self.at(key), "an integer or null", got)
+        return got
+
+    def texts(self, key: str, optional: bool = False) -> list[str]:
+        """A list of strings (absent or null: empty, when ``optional``)."""
+        got = self._get(key, optional)
+        if got is None and optional:
+            return []
+        out = []
+        for where, item in each(got, self.at(key)):
+            if not isinstance(item, str):
+                raise wrong(where, "a string", item)
+            out.append(item)
+        return out
+
+    def obj(self, key: str) -> Fields:
+        return Fields(self._get(key, False), self.at(key))
+
+    def opt_obj(self, key: str) -> Fields | None:
+        got = self._get(key, True)
+        return None if got is None else Fields(got, self.at(key))
+
+    def each(self, key: str) -> Iterator[tuple[str, object]]:
+        return each(self._get(key, False), self.at(key))

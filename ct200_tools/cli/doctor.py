@@ -485,24 +485,22 @@ def fleet(path: Path) -> None:
     """Show the fleet table again from the FILE playbooks/doctor.yml saved
     (-e ct200_doctor_fleet_file=FILE); exit as that run: 0 ok, 2 a host failed, was
     unreachable or lacks the doctor, 3 a host's doctor broke."""
-    import json  # noqa: PLC0415
-
     from ct200_tools.fleet import (  # noqa: PLC0415
+        FILE_FIX,
+        MAX_FILE_BYTES,
         FleetFormatError,
         exit_code,
         from_document,
         render_table,
     )
+    from ct200_tools.untrusted import UntrustedInputError, load_json, show  # noqa: PLC0415
 
     try:
-        results = from_document(json.loads(path.read_text(encoding="utf-8")))
-    except OSError as exc:
-        raise DoctorError(f"cannot read fleet file {path}: {exc.strerror or exc}") from None
-    except (ValueError, FleetFormatError) as exc:
-        raise DoctorError(
-            f"fleet file {path}: {exc}; give the file doctor.yml wrote with "
-            "-e ct200_doctor_fleet_file=FILE"
-        ) from None
+        results = from_document(load_json(path, "fleet file", MAX_FILE_BYTES, FILE_FIX))
+    except UntrustedInputError as exc:
+        raise DoctorError(f"{exc.message}\n  fix: {exc.fix}") from None
+    except FleetFormatError as exc:
+        raise DoctorError(f"fleet file {show(path)}: {exc}\n  fix: {FILE_FIX}") from None
     _emit(render_table(results))
     _exit(exit_code(results))
 
@@ -569,11 +567,13 @@ def _probe(
 
 def _read_facts(path: Path) -> Facts:
     from ct200_tools.facts import read_file  # noqa: PLC0415
+    from ct200_tools.untrusted import UntrustedInputError, show  # noqa: PLC0415
 
     try:
         return read_file(path)
-    except OSError as exc:
-        raise DoctorError(f"cannot read facts file {path}: {exc.strerror or exc}") from None
+    except UntrustedInputError as exc:
+        why = exc.reason.removeprefix("is ")
+        raise DoctorError(f"cannot read facts file {show(path)}: {why}\n  fix: {exc.fix}") from None
     except FactsFormatError as exc:
         raise DoctorError(f"facts file {path}: {exc}") from None
 

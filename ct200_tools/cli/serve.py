@@ -186,6 +186,7 @@ def status(spec_path: str | None, as_json: bool) -> None:
     """The serving set, where it comes from, and each server's unit."""
     from ct200_tools import engines, serving  # noqa: PLC0415
     from ct200_tools.serve.systemd import Systemd  # noqa: PLC0415
+    from ct200_tools.untrusted import show  # noqa: PLC0415
 
     site = _load(spec_path)
     chosen = serving.current(site)
@@ -214,7 +215,8 @@ def status(spec_path: str | None, as_json: bool) -> None:
     source = serving.STATE_PATH if chosen.source == "serving.json" else "the spec's enabled flags"
     click.echo(f"serving set ({source}): {', '.join(chosen.names) or 'none'}")
     for name in chosen.unknown:
-        click.echo(f"  ignored: {name} is in {serving.STATE_PATH} but not in the spec")
+        shown = show(name, 80)  # from the file: never raw to the terminal
+        click.echo(f"  ignored: {shown} is in {serving.STATE_PATH} but not in the spec")
     for row in rows:
         mark = "*" if row["in_set"] else " "
         click.echo(
@@ -388,7 +390,10 @@ def smoke(
     from ct200_tools.serve.smoke import smoke as run_smoke  # noqa: PLC0415
 
     site = _load(spec_path)
-    servers = serving.resolve(site, list(names)) if names else serving.current(site).servers
+    if names:
+        servers = serving.resolve(site, list(names))
+    else:
+        servers = serving.require_known(site, serving.current(site)).servers
     got = run_smoke(servers, timeout, completion_timeout, prompt)
     ok = all(g.ok for g in got)
     if as_json:

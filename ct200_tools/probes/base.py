@@ -58,6 +58,20 @@ class Reader:
     def read_bytes(self, p: str) -> bytes:
         return self.path(p).read_bytes()
 
+    def read_regular(self, p: str, max_bytes: int) -> bytes:
+        """A file written by someone else (a marker, a manifest): a regular file of at most
+        max_bytes, read by untrusted.read_bounded, so a FIFO or a device there is refused at once
+        instead of hanging the probe. Refusals are OSError (FileNotFoundError when absent) with
+        the reason as strerror, as any other unreadable file."""
+        from ct200_tools.untrusted import UntrustedInputError, read_bounded  # noqa: PLC0415
+
+        try:
+            return read_bounded(self.path(p), "file", max_bytes, "")
+        except UntrustedInputError as exc:
+            if exc.problem == "missing":
+                raise FileNotFoundError(errno.ENOENT, "no such file", p) from None
+            raise OSError(errno.EINVAL, exc.reason, p) from None
+
     def exists(self, p: str) -> bool:
         return self.path(p).exists()
 

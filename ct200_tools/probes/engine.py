@@ -127,8 +127,7 @@ def probe_quant(r: Reader, staged: str) -> QuantFacts:
     before 0.6), from its staged config.json."""
     config = f"{staged.rstrip('/')}/config.json"
     try:
-        with r.open_binary(config) as fh:
-            raw = fh.read(CONFIG_LIMIT + 1)
+        raw = r.read_regular(config, CONFIG_LIMIT)  # a FIFO or a device there: refused at once
     except FileNotFoundError:
         # Said as a fact only when the model itself is there; else it is not staged.
         if r.is_dir(staged):
@@ -137,7 +136,7 @@ def probe_quant(r: Reader, staged: str) -> QuantFacts:
     except OSError as exc:
         return QuantFacts(config, error=f"cannot read {config}: {exc.strerror or exc}")
     try:
-        data = json.loads(raw[:CONFIG_LIMIT])
+        data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         return QuantFacts(config, error=f"{config} is not JSON")
     if not isinstance(data, dict):

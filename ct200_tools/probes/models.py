@@ -29,6 +29,7 @@ from ct200_tools.stage.errors import SourceError
 from ct200_tools.stage.lock import lock_path_for
 from ct200_tools.stage.manifest import (
     EXCLUDED_TOP_DIRS,
+    MAX_MANIFEST_BYTES,
     OWN_PREFIX,
     Manifest,
     default_manifest_path,
@@ -120,7 +121,7 @@ def probe_staged_tree(
 def _read_tree(r: Reader, found: StagedTreeFacts, source: str | None) -> StagedTreeFacts:
     path = found.path
     r.listdir(path)  # an unreadable directory says so before anything inside it
-    text = _read_optional(r, f"{path}/{tree.MARKER_NAME}")
+    text = _read_optional(r, f"{path}/{tree.MARKER_NAME}", tree.MAX_MARKER_BYTES)
     if text is None:
         return found
     try:
@@ -128,7 +129,7 @@ def _read_tree(r: Reader, found: StagedTreeFacts, source: str | None) -> StagedT
     except DAMAGED as exc:
         return replace(found, marker_error=str(exc) or type(exc).__name__)
     manifest_path = f"{path}/{tree.MANIFEST_NAME}"
-    text = _read_optional(r, manifest_path)
+    text = _read_optional(r, manifest_path, MAX_MANIFEST_BYTES)
     if text is not None:
         try:
             parsed = parse_manifest(text, manifest_path)
@@ -213,10 +214,12 @@ def _entry(r: Reader, rel: str, full: str, top: bool) -> tuple[TreeEntry | None,
 def _source_digest(r: Reader, path: str) -> tuple[str | None, str | None]:
     """The source manifest's digest, or why it cannot be compared (load_manifest's words)."""
     try:
-        text = r.read_bytes(path).decode("utf-8")
+        text = r.read_regular(path, MAX_MANIFEST_BYTES).decode("utf-8")
     except FileNotFoundError:
         return None, f"no manifest at {path}"
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        return None, f"cannot read manifest {path}: {exc.strerror or exc}"
+    except UnicodeDecodeError as exc:
         return None, f"cannot read manifest {path}: {exc}"
     try:
         return parse_manifest(text, path).digest, None
@@ -322,10 +325,11 @@ def _hash_run(
     return digests, None
 
 
-def _read_optional(r: Reader, p: str) -> str | None:
-    """A small file's text, None when absent; other errors raise OSError."""
+def _read_optional(r: Reader, p: str, max_bytes: int) -> str | None:
+    """A marker's or manifest's text, None when absent; other errors (a FIFO or a device there,
+    a file too large) raise OSError."""
     try:
-        return r.read_bytes(p).decode("utf-8", errors="replace")
+        return r.read_regular(p, max_bytes).decode("utf-8", errors="replace")
     except FileNotFoundError:
         return None
 

@@ -16,22 +16,14 @@ SERVING_PATH = serving.STATE_PATH
 
 def probe_serving(r: Reader, path: str = SERVING_PATH) -> ServingFacts:
     """The set's server names; a file that is not a serving set is recorded as such (and noted
-    as unreadable), and the checks then judge the spec's enabled servers."""
-    if not r.exists(path):
-        return ServingFacts(path)
+    as unreadable), and the checks then judge the spec's enabled servers. Read as ct200-serve
+    reads it (serving.read_state): a FIFO or a device there is refused, never waited on."""
     try:
-        with r.open_binary(path) as fh:
-            raw = fh.read(serving.MAX_BYTES + 1)
-    except OSError as exc:
-        return _broken(r, path, f"cannot read it: {exc.strerror or exc}")
-    if len(raw) > serving.MAX_BYTES:
-        return _broken(r, path, f"larger than {serving.MAX_BYTES} bytes: not a serving set")
-    try:
-        state = serving.parse(raw.decode("utf-8"), path)
-    except UnicodeDecodeError:
-        return _broken(r, path, "not JSON")
+        state = serving.read_state(r.path(path))
     except serving.ServingError as exc:
         return _broken(r, path, exc.reason)
+    if state is None:
+        return ServingFacts(path)
     return ServingFacts(path, True, state.servers)
 
 

@@ -20,6 +20,7 @@ import yaml
 from ct200_tools.spec.model import DEFAULT_SPEC_PATH, SPEC_KEY, SiteSpec, SpecError, SpecIssue
 from ct200_tools.spec.read import at, keyname, listing, show
 from ct200_tools.spec.schema import ROOT, validate
+from ct200_tools.untrusted import UntrustedInputError, read_bounded
 
 #: The most bytes read from one spec file. The example site is 4 KiB; a file this size parses
 #: in well under a second, a larger one is not a spec.
@@ -78,31 +79,33 @@ def find_spec(explicit: str | None, environ: Mapping[str, str] = os.environ) -> 
 
 
 def read_text(file: Path) -> str:
-    """The file's text: at most MAX_BYTES, UTF-8 (a UTF-8 BOM is allowed)."""
+    """The file's text: at most MAX_BYTES, UTF-8 (a UTF-8 BOM is allowed). Read as a file from
+    outside (untrusted.read_bounded): a FIFO, a socket or a device is refused, never waited on."""
     try:
-        with file.open("rb") as fh:
-            data = fh.read(MAX_BYTES + 1)
-    except FileNotFoundError:
-        fail(
-            str(file),
-            "no such file",
-            "pass a site YAML file or an Ansible inventory directory; the playbooks write "
-            f"{DEFAULT_SPEC_PATH} on every target",
-        )
-    except OSError as exc:
-        fail(
-            str(file),
-            f"cannot read it: {exc.strerror or exc}",
-            "check the path and its permissions",
-        )
-    if len(data) > MAX_BYTES:
-        fail(
-            str(file),
-            f"is larger than {MAX_BYTES >> 10} KiB, the most a site spec may be (read "
-            "stopped there)",
-            "pass the site spec itself (a few KiB of YAML) or its inventory directory, not "
-            "another file",
-        )
+        data = read_bounded(file, "the site spec", MAX_BYTES, "")
+    except UntrustedInputError as exc:
+        if exc.problem == "missing":
+            fail(
+                str(file),
+                "no such file",
+                "pass a site YAML file or an Ansible inventory directory; the playbooks write "
+                f"{DEFAULT_SPEC_PATH} on every target",
+            )
+        if exc.problem == "too-large":
+            fail(
+                str(file),
+                f"is larger than {MAX_BYTES >> 10} KiB, the most a site spec may be",
+                "pass the site spec itself (a few KiB of YAML) or its inventory directory, not "
+                "another file",
+            )
+        if exc.problem == "not-regular":
+            fail(
+                str(file),
+                exc.reason,
+                "pass a site YAML file or an Ansible inventory directory (a copy of the spec, "
+                "not a pipe or a device)",
+            )
+        fail(str(file), exc.reason, "check the path and its permissions")
     return decode(data, str(file))
 
 

@@ -9,9 +9,19 @@ Three places carry it, all read-only:
 
 from __future__ import annotations
 
-import json
 import os
 import re
+
+from ct200_tools.stage.errors import SourceError
+from ct200_tools.untrusted import (
+    FieldError,
+    Fields,
+    UntrustedInputError,
+    each,
+    load_json,
+    read_bounded,
+    show,
+)
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -33,10 +43,9 @@ def lfs_hashes(root: str, paths: list[str], model_info: str | None = None) -> di
 def _from_local_dir(root: str, rel: str) -> str | None:
     meta = os.path.join(root, ".cache", "huggingface", "download", rel + ".metadata")
     try:
-        with open(meta, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except (OSError, UnicodeDecodeError):
-        return None
+        lines = read_bounded(meta, "download metadata", 64 << 10, "").decode().splitlines()
+    except (UntrustedInputError, UnicodeDecodeError):
+        return None  # not what the Hub's client writes: it vouches for nothing
     etag = lines[1].strip().strip('"').lower() if len(lines) > 1 else ""
     return etag if _SHA256.match(etag) else None
 
@@ -50,12 +59,24 @@ def _from_blob_link(root: str, rel: str) -> str | None:
 
 
 def _from_model_info(path: str) -> dict[str, str]:
-    with open(path, encoding="utf-8") as fh:
-        info = json.load(fh)
-    out: dict[str, str] = {}
-    for sibling in info.get("siblings", []):
-        lfs = sibling.get("lfs") or {}
-        sha = str(lfs.get("sha256", "")).lower()
-        if sibling.get("rfilename") and _SHA256.match(sha):
-            out[str(sibling["rfilename"])] = sha
+    """siblings[].rfilename -> siblings[].lfs.sha256 of the Hub's model info saved at ``path``;
+    SourceError naming the file (or the field) when it is not that."""
+    fix = (
+        "save the Hub's model info as a file: curl -o info.json "
+        "https://huggingface.co/api/models/<id>?blobs=true, and pass --model-info info.json"
+    )
+    try:
+        info = Fields(load_json(path, "model info", 64 << 20, fix), "")
+        out: dict[str, str] = {}
+        for where, item in each(info.raw("siblings") or [], "siblings"):
+            sibling = Fields(item, where)
+            lfs = sibling.opt_obj("lfs")
+            sha = ((lfs.opt_text("sha256") if lfs else None) or "").lower()
+            name = sibling.opt_text("rfilename")
+            if name and _SHA256.match(sha):
+                out[name] = sha
+    except UntrustedInputError as exc:
+        raise SourceError(exc.message, exc.fix) from None
+    except FieldError as exc:
+        raise SourceError(f"model info {show(path)}: {exc}", fix) from None
     return out

@@ -20,11 +20,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import PurePosixPath
-from typing import Protocol
+from typing import Any, Protocol
 
 from ct200_tools.stage.errors import SourceError
 from ct200_tools.stage.hashing import ALGORITHMS
 from ct200_tools.stage.identity import Identity, settled
+from ct200_tools.untrusted import UntrustedInputError, parse_json, read_bounded, show
 
 SCHEMA_VERSION = 1
 KIND = "ct200-stage-manifest"
@@ -34,6 +35,11 @@ DEFAULT_MANIFEST_DIR = "/var/lib/ct200/manifests"
 MANIFEST_DIR_ENV = "CT200_MANIFEST_DIR"
 #: Our own files inside a staged tree; never part of a model.
 OWN_PREFIX = ".ct200-"
+#: The most a manifest file may be: a 1 TB model in the default 64 MiB chunks is about 1.1 MB of
+#: hashes; this bound holds one in 1 MiB chunks.
+MAX_MANIFEST_BYTES = 256 << 20
+#: A manifest nests three levels ({files: [{chunks: [...]}]}); anything deeper is not one.
+MAX_MANIFEST_DEPTH = 8
 #: Top-level directories of a model checkout that are bookkeeping, not model: Hugging Face's
 #: download cache (`.cache/huggingface`) and a git clone's object store (twice the model's size).
 EXCLUDED_TOP_DIRS = (".cache", ".git")
@@ -143,11 +149,14 @@ def check_relpath(path: str) -> str:
     return path
 
 
-def parse_manifest(text: str, origin: str) -> Manifest:
+def parse_manifest(text: str | bytes, origin: str) -> Manifest:
     """Parse and check a manifest; anything off (including a wrong digest) is a SourceError."""
     fix = f"recreate it: ct200-stage manifest SRC --manifest {origin} --force"
     try:
-        raw = json.loads(text)
+        raw: Any = parse_json(text, f"manifest {show(origin)}", fix, MAX_MANIFEST_DEPTH)
+    except UntrustedInputError as exc:
+        raise SourceError(exc.message, fix) from None
+    try:
         if raw.get("kind") != KIND:
             raise ValueError("not a ct200-stage manifest")
         if raw.get("schema_version") != SCHEMA_VERSION:
@@ -187,20 +196,32 @@ def parse_manifest(text: str, origin: str) -> Manifest:
 
 
 def load_manifest(path: str) -> Manifest:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except FileNotFoundError as exc:
+    data = read_manifest_file(path)
+    if data is None:
         raise SourceError(
-            f"no manifest at {path}",
+            f"no manifest at {show(path)}",
             "make one from the persistent copy: ct200-stage manifest SRC "
             "(or pass --manifest PATH); stage --create-manifest builds it during the copy",
-        ) from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SourceError(
-            f"cannot read manifest {path}: {exc}", "check the path and its permissions"
-        ) from exc
-    return parse_manifest(text, path)
+        )
+    return parse_manifest(data, path)
+
+
+def read_manifest_file(path: str) -> bytes | None:
+    """A manifest file's bytes, None when there is none. Read as a file from outside
+    (untrusted.read_bounded): a FIFO, a device or a file larger than any manifest is a
+    SourceError at once, never read or waited on."""
+    try:
+        return read_bounded(path, "manifest", MAX_MANIFEST_BYTES, "")
+    except UntrustedInputError as exc:
+        if exc.problem == "missing":
+            return None
+        fix = (
+            "check the path and its permissions"
+            if exc.problem == "unreadable"
+            else "pass the manifest ct200-stage wrote (a regular JSON file), or recreate it: "
+            f"ct200-stage manifest SRC --manifest {path} --force"
+        )
+        raise SourceError(exc.message, fix) from None
 
 
 def manifest_dir() -> str:

@@ -14,7 +14,7 @@ import stat
 from ct200_tools.stage import tree
 from ct200_tools.stage.engine import ChunkEngine, FileJob
 from ct200_tools.stage.errors import SourceError, StageError, VerifyError
-from ct200_tools.stage.manifest import Manifest, parse_manifest
+from ct200_tools.stage.manifest import Manifest, parse_manifest, read_manifest_file
 
 
 def resume_partial(
@@ -24,9 +24,11 @@ def resume_partial(
     if manifest is None:
         return None, ""  # nothing to check kept chunks against: start afresh
     try:
-        with open(os.path.join(partial, tree.MANIFEST_NAME), encoding="utf-8") as fh:
-            theirs = parse_manifest(fh.read(), partial)
-    except (OSError, SourceError):
+        data = read_manifest_file(os.path.join(partial, tree.MANIFEST_NAME))
+        if data is None:
+            return None, ""
+        theirs = parse_manifest(data, partial)
+    except SourceError:
         return None, ""
     if theirs.digest != manifest.digest:
         return None, ""

@@ -17,7 +17,13 @@ from typing import Literal
 
 from ct200_tools.stage import tree
 from ct200_tools.stage.errors import RefusedError, SourceError, TargetError
-from ct200_tools.stage.manifest import Manifest, compare_to_source, parse_manifest, scan_tree
+from ct200_tools.stage.manifest import (
+    Manifest,
+    compare_to_source,
+    parse_manifest,
+    read_manifest_file,
+    scan_tree,
+)
 
 #: absent or empty: copy into it; staged: holds this very model, intact; replace: ours, swap it.
 TargetKind = Literal["absent", "empty", "staged", "replace"]
@@ -101,9 +107,11 @@ def check_staged(dst: str) -> tuple[str | None, str | None]:
     if marker is None:
         return None, "no marker: an unfinished stage"
     try:
-        with open(os.path.join(dst, tree.MANIFEST_NAME), encoding="utf-8") as fh:
-            manifest = parse_manifest(fh.read(), dst)
-    except (OSError, SourceError) as exc:
+        data = read_manifest_file(os.path.join(dst, tree.MANIFEST_NAME))
+        if data is None:
+            return None, "its manifest cannot be used: there is none"
+        manifest = parse_manifest(data, dst)
+    except SourceError as exc:
         return None, f"its manifest cannot be used: {exc}"
     if manifest.digest != marker.manifest_digest:
         return None, "marker and manifest disagree"

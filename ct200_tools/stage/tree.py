@@ -28,6 +28,7 @@ from ct200_tools import __version__
 from ct200_tools.fsutil import fsync_dir, write_atomic
 from ct200_tools.stage.errors import RefusedError
 from ct200_tools.stage.manifest import Manifest, now_utc
+from ct200_tools.untrusted import UntrustedInputError, parse_json, read_bounded
 
 MANIFEST_NAME = ".ct200-manifest.json"
 MARKER_NAME = ".ct200-staged"
@@ -36,6 +37,10 @@ OWNER_NAME = ".ct200-owner"
 MARKER_KIND = "ct200-stage-marker"
 #: The files of ours that may sit at the top of a tree; their presence is the claim of ownership.
 OWN_NAMES = (MANIFEST_NAME, MARKER_NAME, JOURNAL_NAME, OWNER_NAME)
+#: A marker is a few hundred bytes; a journal a line per chunk (about 1.5 MB for 1 TB in 64 MiB
+#: chunks). Larger files are not ours: refused unread.
+MAX_MARKER_BYTES = 1 << 20
+MAX_JOURNAL_BYTES = 64 << 20
 
 
 def partial_path(target: str) -> str:
@@ -122,18 +127,22 @@ def write_marker(tree: str, manifest: Manifest, source: str, manifest_path: str 
 def read_marker(tree: str) -> Marker | None:
     """The marker, or None when absent; raises ValueError when present but unreadable as one."""
     try:
-        with open(os.path.join(tree, MARKER_NAME), encoding="utf-8") as fh:
-            text = fh.read()
-    except FileNotFoundError:
-        return None
-    return parse_marker(text)
+        data = read_bounded(os.path.join(tree, MARKER_NAME), "marker", MAX_MARKER_BYTES, "")
+    except UntrustedInputError as exc:
+        if exc.problem == "missing":
+            return None
+        raise ValueError(exc.message) from None  # a FIFO or a device: refused, never waited on
+    return parse_marker(data)
 
 
-def parse_marker(text: str) -> Marker:
+def parse_marker(text: str | bytes) -> Marker:
     """A marker file's text: the one reading of its format (the doctor's probe reads the file
     through its Reader and parses it here). Raises ValueError (or KeyError, TypeError) when it
     is not a marker."""
-    raw = json.loads(text)
+    try:
+        raw = parse_json(text, "marker", "", max_depth=4)
+    except UntrustedInputError as exc:
+        raise ValueError(exc.reason.removeprefix("is ")) from None
     if not isinstance(raw, dict) or raw.get("kind") != MARKER_KIND:
         raise ValueError("not a ct200-stage marker")
     return Marker(
@@ -170,18 +179,19 @@ class Journal:
     def read(self) -> JournalState:
         state = JournalState(set(), {})
         try:
-            with open(self.path, encoding="utf-8", errors="replace") as fh:
-                for line in fh:
-                    if not line.endswith("\n"):
-                        break
-                    with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
-                        rec = json.loads(line)
-                        if "chunk" in rec:
-                            state.chunks.setdefault(str(rec["path"]), set()).add(int(rec["chunk"]))
-                        else:
-                            state.files.add(str(rec["path"]))
-        except FileNotFoundError:
-            pass
+            data = read_bounded(self.path, "journal", MAX_JOURNAL_BYTES, "")
+        except UntrustedInputError:
+            # Absent, or not a file we wrote (a FIFO, a device, too large): nothing is vouched
+            # for, so every chunk is copied again.
+            return state
+        for line in data.decode("utf-8", errors="replace").split("\n")[:-1]:
+            suppressed = (ValueError, TypeError, KeyError, AttributeError, RecursionError)
+            with contextlib.suppress(*suppressed):
+                rec = json.loads(line)
+                if "chunk" in rec:
+                    state.chunks.setdefault(str(rec["path"]), set()).add(int(rec["chunk"]))
+                else:
+                    state.files.add(str(rec["path"]))
         return state
 
     def open(self) -> None:

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from ct200_tools.stage import capacity, tree
 from ct200_tools.stage.engine import ChunkEngine, FileJob, ReadMode
 from ct200_tools.stage.errors import SourceError, VerifyError
-from ct200_tools.stage.manifest import Manifest, compare_to_source, parse_manifest, scan_tree
+from ct200_tools.stage.manifest import (
+    Manifest,
+    compare_to_source,
+    parse_manifest,
+    read_manifest_file,
+    scan_tree,
+)
 from ct200_tools.stage.progress import NullProgress, ProgressSink
 
 
@@ -35,12 +41,8 @@ class VerifyResult:
 def embedded_manifest(root: str) -> Manifest | None:
     """The manifest a staged tree carries, None when it carries none; raises when it is damaged."""
     path = os.path.join(root, tree.MANIFEST_NAME)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except FileNotFoundError:
-        return None
-    return parse_manifest(text, path)
+    data = read_manifest_file(path)
+    return None if data is None else parse_manifest(data, path)
 
 
 def check_listing(root: str, manifest: Manifest) -> None:

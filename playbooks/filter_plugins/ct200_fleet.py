@@ -12,6 +12,7 @@ from ansible.errors import AnsibleFilterError
 
 from ct200_tools.checks import SelectionError
 from ct200_tools.fleet import FAILING, exit_code, gather, only_ids, render_table, to_document
+from ct200_tools.untrusted import show
 
 
 def ct200_doctor_only(value: object) -> list[str]:
@@ -48,7 +49,8 @@ def ct200_fleet(
     return {
         "table": render_table(results),
         "exit_code": int(exit_code(results)),
-        "failing": [r.host for r in results if r.status in FAILING],
+        # For the failure message: shown as the table shows them (the document keeps them exact).
+        "failing": [show(r.host) for r in results if r.status in FAILING],
         "document": to_document(results),
     }
 

@@ -399,7 +399,7 @@ MARKER = '{"kind": "ct200-stage-marker", "manifest_digest": "sha256:x"'
 @pytest.mark.parametrize(
     ("marker", "manifest", "detail"),
     [
-        ("", None, "its marker is damaged: Expecting value: line 1 column 1 (char 0)"),
+        ("", None, "its marker is damaged: not JSON: Expecting value: line 1 column 1 (char 0)"),
         ("[]", None, "its marker is damaged: not a ct200-stage marker"),
         ('{"kind": "ct200-stage-marker"}', None, "its marker is damaged: 'manifest_digest'"),
         (MARKER + ', "files": Infinity}', None, "its marker is damaged: "),

@@ -12,10 +12,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ct200_tools.untrusted import (
+    FieldError,
+    Fields,
     UntrustedInputError,
+    each,
     is_plain,
     json_depth,
     load_json,
+    parse_json,
     read_bounded,
     show,
 )
@@ -123,3 +127,54 @@ def test_json_that_is_not_json_or_utf8(tmp_path: Path) -> None:
         load_json(bad, "the fleet report", 1024, FIX)
     bad.write_text('{"hosts": []}')
     assert load_json(bad, "the fleet report", 1024, FIX) == {"hosts": []}
+
+
+# -- which refusal, and typed fields with their paths ------------------------------------------
+
+
+def test_the_refusal_says_which_kind_it_is(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    cases = [
+        (tmp_path / "nope", "missing"),
+        (fifo, "not-regular"),
+        (Path("/dev/zero"), "not-regular"),
+    ]
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 2048)
+    cases.append((big, "too-large"))
+    for path, problem in cases:
+        with pytest.raises(UntrustedInputError) as info:
+            read_bounded(path, "the fleet report", 1024, FIX)
+        assert info.value.problem == problem
+        assert info.value.message == f"the fleet report {path} {info.value.reason}"
+
+
+def test_parse_json_says_where_the_nesting_is_too_deep() -> None:
+    text = '{"a": ' + "[" * 40 + "]" * 40 + "}"
+    with pytest.raises(UntrustedInputError, match=r"more than 32 levels deep \(at character 37\)"):
+        parse_json(text, "the fleet report x", FIX)
+    assert parse_json(b'{"a": [1]}', "x", FIX) == {"a": [1]}
+
+
+def test_fields_name_the_path_and_what_was_found() -> None:
+    doc = {"hosts": [{"host": "a", "rc": 0}, {"host": ["b"], "rc": True, "stderr": ["x", 3]}]}
+    rows = list(Fields(doc).each("hosts"))
+    first = Fields(rows[0][1], rows[0][0])
+    assert first.text("host") == "a" and first.opt_int("rc") == 0 and first.opt_text("x") is None
+    assert first.texts("stderr", optional=True) == []
+    second = Fields(rows[1][1], rows[1][0])
+    with pytest.raises(FieldError, match=r"^hosts\[1\]\.host: expected a string, got a list$"):
+        second.text("host")
+    with pytest.raises(
+        FieldError, match=r"^hosts\[1\]\.rc: expected an integer or null, got true$"
+    ):
+        second.opt_int("rc")
+    with pytest.raises(FieldError, match=r"^hosts\[1\]\.stderr\[1\]: expected a string, got the"):
+        second.texts("stderr")
+    with pytest.raises(FieldError, match=r"^hosts\[1\]\.detail: missing$"):
+        second.text("detail")
+    with pytest.raises(FieldError, match=r"^hosts: expected a list, got an object$"):
+        list(each({}, "hosts"))
+    with pytest.raises(FieldError, match=r'^x: expected an object, got the string "\\x1b\[2J"$'):
+        Fields("\x1b[2J", "x")
