@@ -12,6 +12,7 @@ Also `junk_server`: a plain TCP port that writes garbage, or closes at once, ins
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import socket
 import threading
@@ -104,7 +105,7 @@ class StandIn:
         self.peers.append(conn.getpeername()[0])
         t = paramiko.Transport(conn)
         t.add_server_key(self.host_key)
-        t.set_subsystem_handler("sftp", paramiko.SFTPServer, paramiko.SFTPServerInterface)
+        t.set_subsystem_handler("sftp", paramiko.SFTPServer, ReadOnlySftp)
         self._transports.append(t)
         iface = _Iface(self)
         with contextlib.suppress(paramiko.SSHException, EOFError, OSError):
@@ -151,3 +152,34 @@ def client_key(tmp_path: Path) -> tuple[paramiko.PKey, Path]:
     path = tmp_path / "id_ecdsa"
     key.write_private_key_file(str(path))
     return key, path
+
+
+class ReadOnlySftp(paramiko.SFTPServerInterface):
+    """SFTP that reads this machine's files (stat, lstat, open for reading): what the host
+    probes ask of the PVE host. Opening a FIFO here would block the stand-in's thread, as the
+    host's sftp-server would: the reader must never ask."""
+
+    def stat(self, path: str) -> paramiko.SFTPAttributes | int:
+        try:
+            return paramiko.SFTPAttributes.from_stat(os.stat(path))
+        except OSError as exc:
+            return paramiko.SFTPServer.convert_errno(exc.errno)
+
+    def lstat(self, path: str) -> paramiko.SFTPAttributes | int:
+        try:
+            return paramiko.SFTPAttributes.from_stat(os.lstat(path))
+        except OSError as exc:
+            return paramiko.SFTPServer.convert_errno(exc.errno)
+
+    def open(
+        self, path: str, flags: int, attr: paramiko.SFTPAttributes
+    ) -> paramiko.SFTPHandle | int:
+        if flags & (os.O_WRONLY | os.O_RDWR):
+            return paramiko.sftp.SFTP_PERMISSION_DENIED
+        try:
+            fh = open(path, "rb")  # noqa: SIM115 - the handle owns it and closes it
+        except OSError as exc:
+            return paramiko.SFTPServer.convert_errno(exc.errno)
+        handle = paramiko.SFTPHandle(flags)
+        handle.readfile = fh  # type: ignore[attr-defined]
+        return handle

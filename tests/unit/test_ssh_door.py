@@ -15,7 +15,7 @@ import paramiko
 import pytest
 
 from ct200_tools.probes.base import SshError
-from ct200_tools.probes.ssh import SshTarget, connect, resolve
+from ct200_tools.probes.ssh import SshReader, SshTarget, connect, resolve
 from tests.unit import ssh_standin
 
 ROOT = Path(__file__).parents[2]
@@ -408,3 +408,30 @@ def test_host_empty_or_with_control_characters_is_a_usage_error(value: str, show
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stdout == "" and shown in r.stderr and "--host" in r.stderr, r.stderr
     assert "\x1b" not in r.stderr and "\r" not in r.stderr and "Traceback" not in r.stderr
+
+
+# -- files read on the host ---------------------------------------------------------------------
+def test_read_regular_on_the_host_refuses_a_fifo_and_bounds_the_size(  # type: ignore[no-untyped-def]
+    tmp_path: Path, key, servers
+) -> None:
+    pve = standin(servers, key)
+    cfg = config(
+        tmp_path,
+        key[1],
+        f"Host pve\n  HostName 127.0.0.1\n  Port {pve.port}",
+        pve.known_hosts_line(),
+    )
+    (tmp_path / "marker").write_bytes(b"x" * 10)
+    os.mkfifo(tmp_path / "fifo")
+    session = connect(resolve("pve", cfg), 10)
+    try:
+        reader = SshReader(session)
+        assert reader.read_regular(str(tmp_path / "marker"), 10) == b"x" * 10
+        with pytest.raises(OSError, match="more than the 9 bytes"):
+            reader.read_regular(str(tmp_path / "marker"), 9)
+        with pytest.raises(OSError, match="not a regular file"):  # never opened: no hang
+            reader.read_regular(str(tmp_path / "fifo"), 10)
+        with pytest.raises(FileNotFoundError):
+            reader.read_regular(str(tmp_path / "absent"), 10)
+    finally:
+        session.close()
