@@ -97,7 +97,7 @@ async def serve(args: argparse.Namespace) -> None:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", args.port)
     await site.start()
-    server = site._server  # noqa: SLF001 - the bound port when --port 0
+    server = site._server
     port = server.sockets[0].getsockname()[1] if server is not None else args.port
     print(f"port {port}", flush=True)
     await asyncio.sleep(args.lifetime)

@@ -100,7 +100,8 @@ class Plan:
         """The plan as recorded in provenance (and compared on --resume)."""
         out = asdict(self)
         out.pop("source")
-        return json.loads(json.dumps(out))  # tuples as lists, as read back from JSON
+        plain: dict[str, object] = json.loads(json.dumps(out))  # tuples as lists, as in JSON
+        return plain
 
     def loads(self) -> list[tuple[int, float | None]]:
         """(concurrency, request rate) of each point: the levels, then the rates (unbounded
@@ -197,7 +198,7 @@ def validate(data: object, source: str, base: Path) -> Plan:
     s = section(issues, data, "", ROOT, required=("workloads",))
     if s is None:
         raise PlanError(issues.items, source)
-    workloads = []
+    workloads: list[Workload] = []
     for i, value in enumerate(entries(s, "workloads", 64)):
         w = _workload(issues, value, f"workloads[{i}]", base)
         if w is not None:

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 from urllib.parse import urlsplit
 
@@ -41,27 +41,30 @@ class Exit(enum.IntEnum):
     INTERRUPTED = 130
 
 
-def _csv(kind: type, lo: float) -> click.ParamType:
-    class Csv(click.ParamType):
-        name = "LIST"
+def _csv(kind: type[int] | type[float], lo: float) -> Callable[..., tuple[float, ...] | None]:
+    """A --option callback: a comma-separated list of distinct numbers of at least `lo`."""
 
-        def convert(
-            self, value: object, param: click.Parameter | None, ctx: click.Context | None
-        ) -> tuple[object, ...]:
-            if isinstance(value, tuple):
-                return value
-            out = []
-            for part in str(value).split(","):
-                try:
-                    number = kind(part.strip())
-                except ValueError:
-                    self.fail(f"{show(part)!s} is not a number; write e.g. 1,4,8", param, ctx)
-                if number < lo or number in out:
-                    self.fail(f"{number} is below {lo} or listed twice", param, ctx)
-                out.append(number)
-            return tuple(out)
+    def convert(
+        ctx: click.Context, param: click.Parameter, value: str | None
+    ) -> tuple[float, ...] | None:
+        if value is None:
+            return None
+        out: list[float] = []
+        for part in value.split(","):
+            try:
+                number = kind(part.strip())
+            except ValueError:
+                raise click.BadParameter(
+                    f"{show(part)} is not a number; write e.g. 1,4,8", ctx, param
+                ) from None
+            if number < lo or number in out:
+                raise click.BadParameter(
+                    f"{number} is below {lo:g} or listed twice; write e.g. 1,4,8", ctx, param
+                )
+            out.append(number)
+        return tuple(out)
 
-    return Csv()
+    return convert
 
 
 def _target(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -90,8 +93,10 @@ AD_HOC = ("concurrency", "request_rate", "input_tokens", "output_tokens", "reque
 @click.argument("plan_path", metavar="[PLAN]", required=False)
 @click.option("--target", callback=_target, help="The server's base URL (no switch, no gate).")
 @click.option("--out", "out_dir", required=True, help="Results directory (appended to).")
-@click.option("--concurrency", type=_csv(int, 1), help="Ad hoc: concurrency levels, e.g. 1,4,8.")
-@click.option("--request-rate", type=_csv(float, 0.001), help="Ad hoc: requests/s (Poisson).")
+@click.option(
+    "--concurrency", callback=_csv(int, 1), help="Ad hoc: concurrency levels, e.g. 1,4,8."
+)
+@click.option("--request-rate", callback=_csv(float, 0.001), help="Ad hoc: requests/s.")
 @click.option("--input-tokens", type=click.IntRange(1, 1 << 20), help="Ad hoc: prompt length.")
 @click.option("--output-tokens", type=click.IntRange(1, 1 << 20), help="Ad hoc: answer length.")
 @click.option("--requests", type=click.IntRange(1, 1_000_000), help="Ad hoc: requests a point.")
