@@ -69,6 +69,8 @@ class Sweep:
     run_id: str
     model: str
     done: frozenset[str] = frozenset()
+    #: The serving set's name when the plan names none (--label).
+    label: str = "target"
     on_point: OnPoint | None = None
     progress: client.Progress | None = None
 
@@ -96,7 +98,7 @@ class Sweep:
     async def run(self) -> list[dict[str, object]]:
         cache: dict[str, tuple[list[client.Request], str]] = {}
         records = []
-        for p in points(self.plan, "target"):
+        for p in points(self.plan, self.label):
             if p.key in self.done:
                 continue
             reqs, method = await self._requests(p.workload, cache)

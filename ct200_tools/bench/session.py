@@ -103,7 +103,7 @@ def run(
             "between sets comes with the managed mode",
         )
     if resume:
-        run_id, prov, done = _resume(store, plan, target, out_dir, argv)
+        run_id, prov, done = _resume(store, plan, target, label, out_dir, argv)
     else:
         run_id, prov = _start(store, plan, target, label, argv)
         done = frozenset()
@@ -130,7 +130,7 @@ def run(
                 echo(line)
         sys.stdout.flush()
 
-    sweep = Sweep(plan, target, store, run_id, model, done, on_point)
+    sweep = Sweep(plan, target, store, run_id, model, done, label, on_point)
     if tty:
         sweep.progress = _progress(echo, "requests")
     try:
@@ -162,7 +162,7 @@ def _new_id(store: Store) -> str:
 
 
 def _resume(
-    store: Store, plan: Plan, target: str, out_dir: str, argv: list[str]
+    store: Store, plan: Plan, target: str, label: str, out_dir: str, argv: list[str]
 ) -> tuple[str, dict[str, object], frozenset[str]]:
     run_id = store.last_run()
     if run_id is None:
@@ -171,9 +171,10 @@ def _resume(
             "run without --resume to start one",
         )
     prov = store.provenance(run_id)
-    if prov.get("plan") != plan.as_dict() or prov.get("target") != target:
+    same = (prov.get("plan"), prov.get("target"), prov.get("serving_set"))
+    if same != (plan.as_dict(), target, label):
         raise BenchError(
-            f"the last run in {show(out_dir)} ({show(run_id)}) had another plan or target",
+            f"the last run in {show(out_dir)} ({show(run_id)}) had another plan, target or label",
             "give the same PLAN and options as that run (its command is in "
             f"runs/{show(run_id)}/provenance.json), or run without --resume",
         )

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import click
 
 from ct200_tools import __version__
-from ct200_tools.untrusted import UntrustedInputError, show
+from ct200_tools.untrusted import UntrustedInputError, is_plain, show
 
 EPILOG = """\b
 Examples:
@@ -80,6 +80,16 @@ def _target(ctx: click.Context, param: click.Parameter, value: str | None) -> st
     return value.rstrip("/")
 
 
+def _label(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if not value.strip() or not is_plain(value) or len(value) > 200:
+        raise click.BadParameter(
+            f"{show(value, 60)} is no name: write one printable line, e.g. qwen-tp4-ddtree",
+            ctx,
+            param,
+        )
+    return value
+
+
 @click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ct200-bench")
 def cli() -> None:
@@ -104,7 +114,9 @@ AD_HOC = ("concurrency", "request_rate", "input_tokens", "output_tokens", "reque
 @click.option("--warmup", type=click.IntRange(0, 10_000), help="Uncounted requests first.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), help="Per request, s.")
 @click.option("--model", help="The model name to ask for [default: the first of /v1/models].")
-@click.option("--label", default="target", show_default=True, help="Name of the serving set.")
+@click.option(
+    "--label", default="target", show_default=True, callback=_label, help="Name of the serving set."
+)
 @click.option("--resume", is_flag=True, help="Continue the last run in --out where it stopped.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per point on stdout.")
 def run(
@@ -177,6 +189,63 @@ def run(
     sys.exit(Exit.FAILED if outcome.failed_requests else Exit.OK)
 
 
+@cli.command()
+@click.argument("dirs", nargs=-1, required=True, metavar="DIR...")
+@click.option("--out", "out_dir", required=True, help="Directory for the report's files.")
+def report(dirs: tuple[str, ...], out_dir: str) -> None:
+    """Write report.html (self-contained), PNG plots, table.md and table.tex from DIR..."""
+    from ct200_tools.bench import aggregate  # noqa: PLC0415
+    from ct200_tools.bench import report as rep  # noqa: PLC0415
+
+    loaded = aggregate.load(dirs)
+    if not loaded.groups:
+        raise click.UsageError(f"no point in {', '.join(show(d) for d in dirs)}: nothing to report")
+    written = rep.write(loaded, out_dir)
+    for note in written.notes:
+        click.echo(f"ct200-bench report: note: {note}", err=True)
+    for path in written.files:
+        click.echo(f"ct200-bench report: wrote {show(path)}")
+    sys.exit(Exit.OK)
+
+
+@cli.command()
+@click.argument("old_dir", metavar="OLD")
+@click.argument("new_dir", metavar="NEW")
+@click.option(
+    "--threshold",
+    type=click.FloatRange(0, 10),
+    default=0.05,
+    show_default=True,
+    help="The smallest relative change for the worse that counts (also beyond 2x the noise).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Every change as JSON.")
+def compare(old_dir: str, new_dir: str, threshold: float, as_json: bool) -> None:
+    """Flag regressions of NEW against OLD beyond the noise the repetitions measured.
+
+    Exit 0 when none, 1 when some (listed), 2 when OLD and NEW share no configuration and load.
+    """
+    from ct200_tools.bench import aggregate  # noqa: PLC0415
+    from ct200_tools.bench import compare as cmp  # noqa: PLC0415
+
+    changes = cmp.compare(aggregate.load([old_dir]), aggregate.load([new_dir]), threshold)
+    if not changes:
+        raise click.UsageError(
+            "OLD and NEW share no serving set, workload and load: nothing to compare"
+        )
+    regressions = [c for c in changes if c.regression]
+    if as_json:
+        doc = {"schema_version": 1, "threshold": threshold, "changes": cmp.as_dicts(changes)}
+        click.echo(json.dumps(doc, indent=1, sort_keys=True))
+    else:
+        click.echo(
+            f"ct200-bench compare: {len(changes)} figure(s) compared, "
+            f"{len(regressions)} regression(s)"
+        )
+        for line in cmp.lines(changes):
+            click.echo(line)
+    sys.exit(Exit.FAILED if regressions else Exit.OK)
+
+
 def _fail(lines: Sequence[str], code: Exit) -> NoReturn:
     for line in lines:
         click.echo(line, err=True)
@@ -218,10 +287,6 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             click.echo("  (set CT200_DEBUG=1 for the traceback; please report it)", err=True)
         sys.exit(Exit.INTERNAL)
     sys.exit(Exit.OK)
-
-
-def _dump(record: object) -> str:
-    return json.dumps(record, sort_keys=True)
 
 
 if __name__ == "__main__":

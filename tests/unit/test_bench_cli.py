@@ -133,7 +133,7 @@ def test_resume_with_another_plan_is_refused(tmp_path: Path) -> None:
             "run", "--target", url, "--concurrency", "2", *ADHOC, "--out", str(out), "--resume"
         )
     assert again.returncode == 2
-    assert "another plan or target" in again.stderr and "fix:" in again.stderr
+    assert "another plan, target or label" in again.stderr and "fix:" in again.stderr
     assert len(lines(out / "results.jsonl")) == 1
 
 
@@ -155,6 +155,10 @@ def test_an_unreachable_target_is_exit_2_with_a_fix_and_no_traceback(tmp_path: P
         (["--target", "http://127.0.0.1:9", "--concurrency", "1,x", *ADHOC], "not a number"),
         (["--target", "http://127.0.0.1:9", *ADHOC], "--concurrency LIST"),
         (["--concurrency", "1", *ADHOC], "--target URL is required"),
+        (
+            ["--target", "http://127.0.0.1:9", "--concurrency", "1", *ADHOC, "--label", "a\x1b"],
+            "is no name",
+        ),
     ],
 )
 def test_bad_options_are_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
