@@ -8,7 +8,8 @@ word), /props (llama-server's shape) and a streaming /v1/completions: one chunk 
 
 Faults, for the tests: --fail-every N answers every Nth completion with HTTP 500; --close-every
 N closes every Nth stream after two tokens; --no-usage sends no usage; --die-after N exits the
-process (os._exit) when the Nth completion starts. It prints "port N" once it listens.
+process (os._exit) when the Nth completion starts; --timings adds llama-server's per-request
+`timings` (with draft counts) to the last chunk. It prints "port N" once it listens.
 
     python benchmarks/bench_client/standin.py --port 0 --ttft 0.05 --itl 0.02
 """
@@ -72,13 +73,26 @@ def app(args: argparse.Namespace) -> web.Application:
                 return resp
             finish = "length" if i == max_tokens - 1 else None
             await resp.write(_chunk(" tok", finish))
+        timings = {}
+        if args.timings:
+            # llama-server's shape; a draft that proposed two tokens for each one kept.
+            timings = {
+                "timings": {
+                    "prompt_n": prompt_tokens,
+                    "predicted_n": max_tokens,
+                    "predicted_ms": 1000 * args.itl * max(max_tokens - 1, 0),
+                    "predicted_per_token_ms": 1000 * args.itl,
+                    "draft_n": 2 * max_tokens,
+                    "draft_n_accepted": max_tokens,
+                }
+            }
         if not args.no_usage:
             usage = {
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": max_tokens,
                 "total_tokens": prompt_tokens + max_tokens,
             }
-            tail = {"id": "cmpl-standin", "choices": [], "usage": usage}
+            tail = {"id": "cmpl-standin", "choices": [], "usage": usage, **timings}
             await resp.write(b"data: " + json.dumps(tail).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
@@ -113,6 +127,7 @@ def main() -> None:
     p.add_argument("--close-every", type=int, default=0)
     p.add_argument("--die-after", type=int, default=0)
     p.add_argument("--no-usage", action="store_true")
+    p.add_argument("--timings", action="store_true", help="llama-server's timings, with a draft")
     p.add_argument("--lifetime", type=float, default=600.0, help="exit after this many seconds")
     args = p.parse_args()
     try:

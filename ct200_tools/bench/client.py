@@ -31,6 +31,18 @@ MAX_LINE: Final = 1 << 20
 MAX_STREAM: Final = 64 << 20
 #: The most bytes of an error body kept for the message.
 MAX_ERROR_BODY: Final = 4096
+#: The engine timings kept per request (llama-server's `timings`), the rest ignored.
+TIMINGS: Final = (
+    "prompt_n",
+    "prompt_ms",
+    "predicted_n",
+    "predicted_ms",
+    "predicted_per_token_ms",
+    "draft_n",
+    "draft_n_accepted",
+)
+#: Counts above this are no count (a hostile or broken server), and are dropped.
+MAX_COUNT: Final = 1 << 40
 
 
 @dataclass(frozen=True)
@@ -67,7 +79,20 @@ def payload(model: str, req: Request) -> dict[str, object]:
 
 
 def _int_or_none(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
+        return value
+    return None
+
+
+def _timings(value: object) -> dict[str, float]:
+    if not isinstance(value, dict):
+        return {}
+    out = {}
+    for key in TIMINGS:
+        v = value.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= MAX_COUNT:
+            out[key] = float(v)
+    return out
 
 
 class _Stream:
@@ -116,6 +141,9 @@ class _Stream:
         if isinstance(usage, dict):
             self.result.output_tokens = _int_or_none(usage.get("completion_tokens"))
             self.result.prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
+        timings = _timings(chunk.get("timings"))
+        if timings:
+            self.result.engine_timings = timings
 
 
 async def one_request(

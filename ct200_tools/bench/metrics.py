@@ -39,6 +39,9 @@ class RequestResult:
     #: Chunks that carried text (not a token count: a chunk may carry several tokens).
     chunks: int = 0
     timed_out: bool = False
+    #: The engine's own per-request timings where it sends them (llama-server's `timings`:
+    #: predicted_n, predicted_ms, draft_n, draft_n_accepted, ...), numbers only.
+    engine_timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def tpot_s(self) -> float | None:
@@ -131,9 +134,32 @@ def summarize(
         "itl_ms": distribution_ms([g for r in done for g in r.itl_s]),
         "e2e_ms": distribution_ms([r.e2e_s for r in done if r.e2e_s is not None]),
     }
+    timed = engine_timings(done)
+    if timed is not None:
+        summary["engine_timings"] = timed
     if slo is not None and slo.is_set():
         good = sum(1 for r in done if slo.met(r))
         summary["slo"] = {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms}
         summary["requests_good"] = good
         summary["goodput"] = per_s(good)
     return summary
+
+
+def engine_timings(done: Sequence[RequestResult]) -> dict[str, object] | None:
+    """The engine's own view of the point, where it reported one per request: its decode time
+    per token (to set beside the client's ITL) and, with a draft model, the acceptance rate."""
+    timed = [r.engine_timings for r in done if r.engine_timings]
+    if not timed:
+        return None
+    per_token = [t["predicted_per_token_ms"] for t in timed if "predicted_per_token_ms" in t]
+    drafted = sum(t.get("draft_n", 0.0) for t in timed)
+    accepted = sum(t.get("draft_n_accepted", 0.0) for t in timed)
+    return {
+        "requests": len(timed),
+        "predicted_per_token_ms_mean": (
+            round(sum(per_token) / len(per_token), 4) if per_token else None
+        ),
+        "draft_n": drafted,
+        "draft_n_accepted": accepted,
+        "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+    }

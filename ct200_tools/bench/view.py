@@ -46,6 +46,13 @@ def point_lines(record: Mapping[str, object]) -> list[str]:
         + "  E2EL "
         + _dist(record, "e2e_ms"),
     ]
+    timed = record.get("engine_timings")
+    if isinstance(timed, dict):
+        rate = timed.get("acceptance_rate")
+        lines.append(
+            f"    engine: {_num(timed.get('predicted_per_token_ms_mean'), 2)} ms/token"
+            + (f", draft acceptance {_num(100 * rate)} %" if isinstance(rate, float) else "")
+        )
     errors = record.get("errors")
     if isinstance(errors, dict):
         for message, count in sorted(errors.items(), key=lambda kv: -int(kv[1])):

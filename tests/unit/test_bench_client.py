@@ -113,3 +113,13 @@ def test_hostile_chunks_are_errors_with_escaped_text() -> None:
     assert "\x1b" not in str(err.value) and "\\x1b" in str(err.value)
     with pytest.raises(client.StreamError):
         stream.event(b"data: [[[", 1.0)
+
+
+def test_engine_timings_and_draft_acceptance_are_kept() -> None:
+    with standin("--timings", "--itl", "0.01") as url:
+        results, duration = run(url, 3, 3, max_tokens=6)
+    assert all(r.engine_timings["predicted_n"] == 6 for r in results)
+    timed = summarize(results, duration)["engine_timings"]
+    assert isinstance(timed, dict)
+    assert timed["requests"] == 3 and timed["acceptance_rate"] == 0.5
+    assert timed["predicted_per_token_ms_mean"] == 10.0
