@@ -59,6 +59,14 @@ def app(args: argparse.Namespace) -> web.Application:
         if args.fail_every and n % args.fail_every == 0:
             return web.json_response({"error": "scripted failure"}, status=500)
         max_tokens = int(body.get("max_tokens", 16))
+        if args.huge_line:
+            # One SSE line that never ends: the client must give up at its bound.
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for _ in range(64):
+                await resp.write(b"x" * (64 << 10))
+            await resp.write_eof()
+            return resp
         prompt_tokens = len(str(body.get("prompt", "")).split())
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
@@ -127,6 +135,7 @@ def main() -> None:
     p.add_argument("--close-every", type=int, default=0)
     p.add_argument("--die-after", type=int, default=0)
     p.add_argument("--no-usage", action="store_true")
+    p.add_argument("--huge-line", action="store_true", help="4 MiB without a newline")
     p.add_argument("--timings", action="store_true", help="llama-server's timings, with a draft")
     p.add_argument("--lifetime", type=float, default=600.0, help="exit after this many seconds")
     args = p.parse_args()

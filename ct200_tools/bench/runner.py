@@ -72,7 +72,8 @@ class Sweep:
     #: The serving set's name when the plan names none (--label).
     label: str = "target"
     on_point: OnPoint | None = None
-    progress: client.Progress | None = None
+    #: Called with the point's key, requests finished and requests in all (a TTY's live line).
+    progress: Callable[[str, int, int], None] | None = None
 
     async def _requests(
         self, w: Workload, cache: dict[str, tuple[list[client.Request], str]]
@@ -95,6 +96,12 @@ class Sweep:
         cache[w.name] = (reqs, made[0].method if made else "approximate")
         return cache[w.name]
 
+    def _progress(self, p: Point) -> client.Progress | None:
+        report = self.progress
+        if report is None:
+            return None
+        return lambda done, total: report(p.key, done, total)
+
     async def run(self) -> list[dict[str, object]]:
         cache: dict[str, tuple[list[client.Request], str]] = {}
         records = []
@@ -112,7 +119,7 @@ class Sweep:
                 )
                 warm_failed = sum(1 for r in warm_results if not r.ok)
             results, duration = await client.run_point(
-                self.target, self.model, counted, load, self.plan.timeout_s, self.progress
+                self.target, self.model, counted, load, self.plan.timeout_s, self._progress(p)
             )
             record: dict[str, object] = {
                 "schema_version": POINT_SCHEMA,

@@ -76,9 +76,9 @@ def adhoc_plan(
     )
 
 
-def _progress(echo: Echo, key: str) -> Callable[[int, int], None]:
-    def show_progress(done: int, total: int) -> None:
-        echo(f"\r  {key}: {done}/{total}", nl=False, err=True)
+def _progress(echo: Echo) -> Callable[[str, int, int], None]:
+    def show_progress(key: str, done: int, total: int) -> None:
+        echo(f"\r\x1b[K  {show(key, 80)}: {done}/{total} requests", nl=False, err=True)
 
     return show_progress
 
@@ -132,7 +132,7 @@ def run(
 
     sweep = Sweep(plan, target, store, run_id, model, done, label, on_point)
     if tty:
-        sweep.progress = _progress(echo, "requests")
+        sweep.progress = _progress(echo)
     try:
         records = asyncio.run(sweep.run())
     except KeyboardInterrupt:

@@ -124,6 +124,27 @@ def test_kill_9_mid_run_keeps_finished_points_and_resume_finishes_the_rest(
     assert prov["state"] == "finished" and len(prov["resumed"]) == 1
 
 
+def test_ctrl_c_keeps_finished_points_and_marks_the_run_interrupted(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    results = out / "results.jsonl"
+    with standin("--itl", "0.1") as url:
+        proc = subprocess.Popen(
+            [*BENCH, "run", "--target", url, "--concurrency", "1,2,3", "--input-tokens", "4",
+             "--output-tokens", "5", "--requests", "2", "--out", str(out)],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (results.exists() and results.read_bytes()):
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "--resume" in err and "Traceback" not in err
+    assert 1 <= len(lines(results)) < 3
+    (run_dir,) = (out / "runs").iterdir()
+    assert json.loads((run_dir / "provenance.json").read_text())["state"] == "interrupted"
+
+
 def test_resume_with_another_plan_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "out"
     with standin() as url:

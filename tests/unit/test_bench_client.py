@@ -123,3 +123,10 @@ def test_engine_timings_and_draft_acceptance_are_kept() -> None:
     assert isinstance(timed, dict)
     assert timed["requests"] == 3 and timed["acceptance_rate"] == 0.5
     assert timed["predicted_per_token_ms_mean"] == 10.0
+
+
+def test_an_endless_sse_line_is_cut_at_the_bound() -> None:
+    with standin("--huge-line") as url:
+        results, _ = run(url, 1, 1)
+    (r,) = results
+    assert not r.ok and r.error is not None and "longer than" in r.error
