@@ -132,6 +132,35 @@ class Store:
         except OSError as exc:
             raise self._error(exc, "the run's provenance") from None
 
+    def repair_tail(self) -> int:
+        """Cut a torn last line (a crash of the machine mid-write) so the next point starts a
+        line of its own; returns the bytes cut (0 when the file ends with a newline)."""
+        try:
+            fd = os.open(self.results, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            raise self._error(exc, "the results file") from None
+        try:
+            size = os.fstat(fd).st_size
+            keep = size
+            while keep > 0:
+                step = min(keep, 1 << 16)
+                block = os.pread(fd, step, keep - step)
+                newline = block.rfind(b"\n")
+                if newline >= 0:
+                    keep = keep - step + newline + 1
+                    break
+                keep -= step
+            if keep != size:
+                os.ftruncate(fd, keep)
+                os.fsync(fd)
+            return size - keep
+        except OSError as exc:
+            raise self._error(exc, "the results file") from None
+        finally:
+            os.close(fd)
+
     def add_point(self, record: dict[str, object]) -> None:
         try:
             append_line(self.results, record)

@@ -108,6 +108,13 @@ def run(
         run_id, prov = _start(store, plan, target, label, argv)
         done = frozenset()
     model = str(prov.get("model"))
+    cut = store.repair_tail()
+    if cut:
+        echo(
+            f"ct200-bench: note: cut a torn last line of {cut} bytes from "
+            f"{show(str(store.results))} (a write the machine did not finish)",
+            err=True,
+        )
     engine = prov.get("engine")
     if not as_json:
         what = provenance.describe_engine(engine) if isinstance(engine, dict) else "?"
