@@ -179,21 +179,28 @@ async def one_request(
 
 
 async def _read_events(resp: aiohttp.ClientResponse, stream: _Stream) -> None:
-    buf = b""
+    # A bytearray and a search of each new piece only: a server that trickles a byte at a time
+    # costs linear time, not quadratic.
+    buf = bytearray()
     total = 0
     async for piece in resp.content.iter_any():
         now = time.perf_counter()
         total += len(piece)
         if total > MAX_STREAM:
             raise StreamError(f"the answer is longer than {MAX_STREAM} bytes")
-        buf += piece
-        *lines, buf = buf.split(b"\n")
-        for line in lines:
-            stream.event(line, now)
+        start = 0
+        newline = piece.find(b"\n")
+        while newline >= 0:
+            buf += piece[start:newline]
+            stream.event(bytes(buf), now)
+            buf.clear()
+            start = newline + 1
+            newline = piece.find(b"\n", start)
+        buf += piece[start:]
         if len(buf) > MAX_LINE:
             raise StreamError(f"an SSE line is longer than {MAX_LINE} bytes")
     if buf.strip():
-        stream.event(buf, time.perf_counter())
+        stream.event(bytes(buf), time.perf_counter())
 
 
 Progress = Callable[[int, int], None]

@@ -96,6 +96,8 @@ def run(
     tty: bool,
 ) -> Outcome:
     store = Store(out_dir)
+    if plan.serving_sets:
+        label = plan.serving_sets[0]
     if len(plan.serving_sets) > 1:
         raise BenchError(
             f"the plan names {len(plan.serving_sets)} serving sets, and --target is one server",

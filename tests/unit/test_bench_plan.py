@@ -52,6 +52,9 @@ def test_a_plan_runs_every_point_with_goodput(tmp_path: Path) -> None:
     # The prompts file's two prompts, one word a token at the stand-in: 3 + 1.
     assert all(p["input_tokens"] == 4 for p in file_points)
     assert [p["request_rate"] for p in points[:6]] == [None] * 4 + [50.0] * 2
+    (run_dir,) = (tmp_path / "o" / "runs").iterdir()
+    prov = json.loads((run_dir / "provenance.json").read_text())
+    assert prov["serving_set"] == "qwen-tp4-ddtree" and prov["plan"]["repetitions"] == 2
 
 
 def mutate(path: str, value: object) -> dict[str, object]:
