@@ -39,7 +39,7 @@ def app(args: argparse.Namespace) -> web.Application:
     count = 0
 
     async def models(_: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "standin"}]})
+        return web.json_response({"object": "list", "data": [{"id": args.model_id}]})
 
     async def props(_: web.Request) -> web.Response:
         return web.json_response({"default_generation_settings": {}, "build_info": "standin"})
@@ -135,6 +135,7 @@ def main() -> None:
     p.add_argument("--close-every", type=int, default=0)
     p.add_argument("--die-after", type=int, default=0)
     p.add_argument("--no-usage", action="store_true")
+    p.add_argument("--model-id", default="standin", help="the id /v1/models lists")
     p.add_argument("--huge-line", action="store_true", help="4 MiB without a newline")
     p.add_argument("--timings", action="store_true", help="llama-server's timings, with a draft")
     p.add_argument("--lifetime", type=float, default=600.0, help="exit after this many seconds")

@@ -145,6 +145,18 @@ def test_ctrl_c_keeps_finished_points_and_marks_the_run_interrupted(tmp_path: Pa
     assert json.loads((run_dir / "provenance.json").read_text())["state"] == "interrupted"
 
 
+def test_what_the_server_says_of_itself_is_shown_escaped_and_kept_exact(tmp_path: Path) -> None:
+    hostile = "evil\x1b[2J\rfleet: ok"
+    out = tmp_path / "out"
+    with standin("--model-id", hostile) as url:
+        proc = bench("run", "--target", url, "--concurrency", "1", *ADHOC, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout and "\r" not in proc.stdout
+    assert "evil\\x1b[2J\\rfleet: ok" in proc.stdout
+    (point,) = lines(out / "results.jsonl")
+    assert point["model"] == hostile  # JSON keeps the exact value
+
+
 def test_resume_with_another_plan_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "out"
     with standin() as url:
