@@ -15,6 +15,7 @@ always whole.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -110,13 +111,6 @@ class Store:
     def run_dir(self, run_id: str) -> Path:
         return self.root / RUNS / run_id
 
-    def _writing(self, what: str) -> StoreError:
-        return StoreError(
-            f"cannot write {what} under {show(str(self.root))}",
-            "free space on that filesystem or pass another --out; the points written before "
-            "are whole, and --resume continues from them",
-        )
-
     def start(self, run_id: str, provenance: dict[str, object]) -> None:
         try:
             self.run_dir(run_id).mkdir(parents=True, exist_ok=True)
@@ -168,8 +162,14 @@ class Store:
             raise self._error(exc, "a finished point") from None
 
     def _error(self, exc: OSError, what: str) -> StoreError:
-        err = self._writing(what)
-        return StoreError(f"{err.message}: {show(exc.strerror or exc)}", err.fix)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            fix = "free space on that filesystem or pass another --out"
+        else:
+            fix = "pass as --out a directory you can write (it is created if missing)"
+        return StoreError(
+            f"cannot write {what} under {show(str(self.root))}: {show(exc.strerror or exc)}",
+            f"{fix}; the points written before are whole, and --resume continues from them",
+        )
 
     def provenance(self, run_id: str) -> dict[str, object]:
         path = self.run_dir(run_id) / PROVENANCE

@@ -157,6 +157,16 @@ def test_what_the_server_says_of_itself_is_shown_escaped_and_kept_exact(tmp_path
     assert point["model"] == hostile  # JSON keeps the exact value
 
 
+def test_an_out_that_is_a_file_is_exit_4_with_its_fix(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with standin() as url:
+        proc = bench("run", "--target", url, "--concurrency", "1", *ADHOC, "--out",
+                     str(tmp_path / "file"))  # fmt: skip
+    assert proc.returncode == 4, proc.stderr
+    assert "fix: pass as --out a directory you can write" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_resume_with_another_plan_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "out"
     with standin() as url:
