@@ -219,7 +219,11 @@ async def run_point(
     results: list[RequestResult | None] = [None] * len(requests)
     finished = 0
     limit = load.concurrency
-    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, force_close=False)
+    # One connection per request, as SGLang's bench_serving opens a session per request: a
+    # kept-alive connection that the server closes as the next request goes out (llama-server's
+    # keep-alive limit) would fail that request for nothing, and TTFT includes the connect in
+    # both clients alike.
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, force_close=True)
     # Per-request bounds are ours (asyncio.timeout); aiohttp's own would cut long sweeps.
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(timeout_s, 30.0))
     async with aiohttp.ClientSession(

@@ -5,7 +5,8 @@ same workload gives the same prompts on every run and machine, and no two prompt
 share a prefix (which a server's prefix cache would otherwise serve for free). The length is made
 right with the server's own tokenizer where it has one (POST /tokenize: vLLM, SGLang,
 llama-server): the word count is corrected until the server counts the wanted number of tokens,
-or the closest it got. Without /tokenize the prompt has one word per wanted token (about one
+then, where a word is several tokens, characters are cut from the end; else the closest found.
+Without /tokenize the prompt has one word per wanted token (about one
 token each in Llama-family tokenizers) and the method says "approximate"; the real count is
 always the server's `usage.prompt_tokens`, recorded per point.
 """
@@ -47,6 +48,8 @@ _WORD_TEXT: Final = (
 WORDS: Final = tuple(_WORD_TEXT.split())
 #: Corrections of the word count before the closest count found is taken.
 MAX_ROUNDS: Final = 6
+#: Characters cut from the end, one a try, to come closer than a whole word.
+MAX_TRIM: Final = 24
 
 Method = Literal["tokenize", "approximate"]
 
@@ -84,6 +87,30 @@ async def tokenize(
     return _count(answer.data) if answer.ok else None
 
 
+async def _trim(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    input_tokens: int,
+    best: tuple[int, str, int],
+) -> tuple[int, str, int]:
+    """Closer than a word: where a word is several tokens (a character-level tokenizer, or a
+    rare word), one more word, then characters cut from the end until the count fits."""
+    text = best[1] + " " + " ".join(WORDS[:2]) if best[2] < input_tokens else best[1]
+    for _ in range(MAX_TRIM):
+        text = text[:-1]
+        if not text:
+            break
+        got = await tokenize(session, base_url, model, text)
+        if got is None:
+            break
+        if abs(got - input_tokens) < best[0]:
+            best = (abs(got - input_tokens), text, got)
+        if got <= input_tokens:
+            break
+    return best
+
+
 async def make_prompts(
     session: aiohttp.ClientSession | None,
     base_url: str,
@@ -118,6 +145,8 @@ async def make_prompts(
         if best is None:
             out.append(Prompt(words(seed, index, n_words), n_words, "approximate"))
             continue
+        if best[0]:
+            best = await _trim(session, base_url, model, input_tokens, best)
         if best[2]:
             ratio = len(best[1].split()) / best[2]
         out.append(Prompt(best[1], best[2], "tokenize"))

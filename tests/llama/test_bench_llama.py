@@ -31,7 +31,7 @@ async def _run(base: str, n: int, concurrency: int) -> tuple[list[client.Request
 
 def test_token_counts_and_itl_agree_with_llama_servers_own(server: Server) -> None:
     _, (made, results, duration) = asyncio.run(_run(server.base, 4, 1))
-    assert all(p.method == "tokenize" and abs(p.tokens - INPUT) <= 1 for p in made)
+    assert [(p.method, p.tokens) for p in made] == [("tokenize", INPUT)] * 4
     assert all(r.ok for r in results), [r.error for r in results]
     for r in results:
         t = r.engine_timings
@@ -41,7 +41,7 @@ def test_token_counts_and_itl_agree_with_llama_servers_own(server: Server) -> No
         # llama-server times generation from its first sampled token to its last: the same
         # span as the client's gaps, so the sums agree up to the streaming's own cost.
         client_ms = 1000 * sum(r.itl_s)
-        assert abs(client_ms - t["predicted_ms"]) <= 0.3 * t["predicted_ms"] + 2 * OUTPUT, (
+        assert abs(client_ms - t["predicted_ms"]) <= 0.1 * t["predicted_ms"] + 10, (
             client_ms,
             t,
         )
