@@ -33,7 +33,7 @@ fi
 mapfile -t build_requires < <(.venv/bin/python -c \
   'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")')
 .venv/bin/python -m pip install -q "${build_requires[@]}"
-.venv/bin/python -m pip install -q -e '.[test,lint,ansible]'
+.venv/bin/python -m pip install -q -e '.[test,lint,ansible,report]'
 echo "setup: ok ($(.venv/bin/python --version), venv .venv)"
 # The commands (ct200-doctor, ct200-stage, ansible-playbook, ansible-lint) live in the venv; this
 # script leaves the system's PATH and /usr/local/bin alone.

@@ -313,3 +313,35 @@ def test_fleet_benchmark(tmp_path: Path) -> None:
     assert report["fleet_summary"]["broke"] == 0
     text = (tmp_path / "fleet.txt").read_text()
     assert text.startswith("fleet doctor benchmark: 3 inventory hosts") and "reproduce:" in text
+
+
+def test_bench_client_benchmark(tmp_path: Path) -> None:
+    """benchmarks/bench_client/run.py: both modes at two small levels, 4 requests each."""
+    proc = run(
+        [
+            sys.executable,
+            "benchmarks/bench_client/run.py",
+            "--out",
+            str(tmp_path),
+            "--concurrency",
+            "1,2",
+            "--requests",
+            "4",
+            "--output-tokens",
+            "4",
+            "--paced-itl-ms",
+            "1",
+        ]
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "results.json").read_text())
+    rows = report["rows"]
+    assert [(r["mode"], r["concurrency"]) for r in rows] == [
+        ("instant", 1),
+        ("instant", 2),
+        ("paced", 1),
+        ("paced", 2),
+    ]
+    assert all(r["requests_failed"] == 0 and r["output_tokens_per_s"] > 0 for r in rows)
+    assert all(set(r["itl_ms"]) == {"mean", "p50", "p90", "p99"} for r in rows)
+    assert "written:" in proc.stdout

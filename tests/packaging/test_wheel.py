@@ -62,6 +62,7 @@ def test_wheel_metadata(wheel: wheelhouse.BuiltWheel) -> None:
     assert meta["License-Expression"] == "Apache-2.0"
     assert "ct200-doctor = ct200_tools.cli.entry:main" in entry_points
     assert "ct200-stage = ct200_tools.cli.stage:main" in entry_points
+    assert "ct200-bench = ct200_tools.cli.bench:main" in entry_points
 
 
 def test_wheel_builds_without_warnings(wheel: wheelhouse.BuiltWheel) -> None:

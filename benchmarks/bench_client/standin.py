@@ -1,0 +1,150 @@
+"""A stand-in OpenAI-compatible streaming server (it generates nothing: scripted chunks).
+
+Stands in for vLLM/SGLang/llama-server where none can run: the benchmark of the client itself
+(delays 0: it streams as fast as it can) and ct200-bench's tests (scripted delays are the ground
+truth its TTFT and ITL are checked against). It serves /v1/models, /tokenize (one token per
+word), /props (llama-server's shape) and a streaming /v1/completions: one chunk per token,
+`--ttft` seconds before the first, `--itl` between the others, usage in the last chunk.
+
+Faults, for the tests: --fail-every N answers every Nth completion with HTTP 500; --close-every
+N closes every Nth stream after two tokens; --no-usage sends no usage; --die-after N exits the
+process (os._exit) when the Nth completion starts; --timings adds llama-server's per-request
+`timings` (with draft counts) to the last chunk. It prints "port N" once it listens.
+
+    python benchmarks/bench_client/standin.py --port 0 --ttft 0.05 --itl 0.02
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+
+from aiohttp import web
+
+
+def _chunk(text: str, finish: str | None = None) -> bytes:
+    body = {
+        "id": "cmpl-standin",
+        "object": "text_completion",
+        "model": "standin",
+        "choices": [{"index": 0, "text": text, "finish_reason": finish}],
+    }
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def app(args: argparse.Namespace) -> web.Application:
+    count = 0
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": args.model_id}]})
+
+    async def props(_: web.Request) -> web.Response:
+        return web.json_response({"default_generation_settings": {}, "build_info": "standin"})
+
+    async def tokenize(request: web.Request) -> web.Response:
+        body = await request.json()
+        text = body.get("prompt") or body.get("content") or ""
+        return web.json_response({"tokens": list(range(len(text.split())))})
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        nonlocal count
+        count += 1
+        n = count
+        body = await request.json()
+        if args.die_after and n >= args.die_after:
+            os._exit(0)
+        if args.fail_every and n % args.fail_every == 0:
+            return web.json_response({"error": "scripted failure"}, status=500)
+        max_tokens = int(body.get("max_tokens", 16))
+        if args.huge_line:
+            # One SSE line that never ends: the client must give up at its bound.
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for _ in range(64):
+                await resp.write(b"x" * (64 << 10))
+            await resp.write_eof()
+            return resp
+        prompt_tokens = len(str(body.get("prompt", "")).split())
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(max_tokens):
+            delay = args.ttft if i == 0 else args.itl
+            if delay:
+                await asyncio.sleep(delay)
+            if args.close_every and n % args.close_every == 0 and i == 2:
+                # Drop the connection mid-stream: the chunked body never ends.
+                assert request.transport is not None
+                request.transport.abort()
+                return resp
+            finish = "length" if i == max_tokens - 1 else None
+            await resp.write(_chunk(" tok", finish))
+        timings = {}
+        if args.timings:
+            # llama-server's shape; a draft that proposed two tokens for each one kept.
+            timings = {
+                "timings": {
+                    "prompt_n": prompt_tokens,
+                    "predicted_n": max_tokens,
+                    "predicted_ms": 1000 * args.itl * max(max_tokens - 1, 0),
+                    "predicted_per_token_ms": 1000 * args.itl,
+                    "draft_n": 2 * max_tokens,
+                    "draft_n_accepted": max_tokens,
+                }
+            }
+        if not args.no_usage:
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": max_tokens,
+                "total_tokens": prompt_tokens + max_tokens,
+            }
+            tail = {"id": "cmpl-standin", "choices": [], "usage": usage, **timings}
+            await resp.write(b"data: " + json.dumps(tail).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    application = web.Application()
+    application.router.add_get("/v1/models", models)
+    application.router.add_get("/props", props)
+    application.router.add_post("/tokenize", tokenize)
+    application.router.add_post("/v1/completions", completions)
+    return application
+
+
+async def serve(args: argparse.Namespace) -> None:
+    runner = web.AppRunner(app(args), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", args.port)
+    await site.start()
+    server = site._server
+    port = server.sockets[0].getsockname()[1] if server is not None else args.port
+    print(f"port {port}", flush=True)
+    await asyncio.sleep(args.lifetime)
+    await runner.cleanup()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--ttft", type=float, default=0.0, help="seconds before the first token")
+    p.add_argument("--itl", type=float, default=0.0, help="seconds between tokens")
+    p.add_argument("--fail-every", type=int, default=0)
+    p.add_argument("--close-every", type=int, default=0)
+    p.add_argument("--die-after", type=int, default=0)
+    p.add_argument("--no-usage", action="store_true")
+    p.add_argument("--model-id", default="standin", help="the id /v1/models lists")
+    p.add_argument("--huge-line", action="store_true", help="4 MiB without a newline")
+    p.add_argument("--timings", action="store_true", help="llama-server's timings, with a draft")
+    p.add_argument("--lifetime", type=float, default=600.0, help="exit after this many seconds")
+    args = p.parse_args()
+    try:
+        asyncio.run(serve(args))
+    except KeyboardInterrupt:
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

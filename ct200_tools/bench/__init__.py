@@ -1,0 +1,7 @@
+"""ct200-bench: benchmark OpenAI-compatible inference servers, with metrics as the engines' own
+benchmark clients define them, append-only results with provenance, and a report.
+
+plan (schema and validation) -> runner (the sweep) over client (the streaming load generator)
+-> metrics -> results (the append-only store, resume) beside provenance; aggregate, report and
+compare read the store back. cli/bench.py only parses and prints.
+"""

@@ -1,0 +1,165 @@
+"""Benchmark metrics exactly as vLLM's `bench serve` and SGLang's `bench_serving` define them.
+
+Per request: TTFT (request sent -> first streamed token), TPOT ((E2EL - TTFT) / (output tokens
+- 1), only for requests with more than one output token), ITL (every gap between consecutive
+streamed chunks that carried text) and E2EL (request sent -> last token). Percentiles are taken
+over requests for TTFT, TPOT and E2EL and over all gaps for ITL, with numpy's default (linear)
+interpolation, so figures compare with the engines' own clients. Throughputs divide by the
+benchmark's wall duration; goodput counts the requests that meet every SLO given.
+
+Token counts come only from the server's `usage`: a request whose server sent none has an
+unknown count (None), which is counted as such and never guessed from chunks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+#: The percentiles every distribution reports, as the engines' clients print them by default.
+PERCENTILES: Final = (50, 90, 99)
+
+
+@dataclass
+class RequestResult:
+    """One request as the client saw it; times in seconds from when it was sent."""
+
+    ok: bool = False
+    #: Why it failed ("HTTP 500: ...", "timeout after 60 s", "connection closed mid-stream").
+    error: str | None = None
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    #: Gaps between consecutive chunks that carried text, in order.
+    itl_s: list[float] = field(default_factory=list)
+    #: From the server's usage; None when it sent none.
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    #: Chunks that carried text (not a token count: a chunk may carry several tokens).
+    chunks: int = 0
+    timed_out: bool = False
+    #: The engine's own per-request timings where it sends them (llama-server's `timings`:
+    #: predicted_n, predicted_ms, draft_n, draft_n_accepted, ...), numbers only.
+    engine_timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def tpot_s(self) -> float | None:
+        n = self.output_tokens
+        if not self.ok or n is None or n < 2 or self.e2e_s is None or self.ttft_s is None:
+            return None
+        return (self.e2e_s - self.ttft_s) / (n - 1)
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Service-level objectives in milliseconds; None means no bound on that metric."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+    def met(self, r: RequestResult) -> bool:
+        if not r.ok:
+            return False
+        pairs = ((self.ttft_ms, r.ttft_s), (self.tpot_ms, r.tpot_s), (self.e2e_ms, r.e2e_s))
+        for bound, value in pairs:
+            if bound is None:
+                continue
+            # A metric that cannot be known (TPOT of a 1-token answer) does not break the SLO,
+            # as in vLLM, which skips it.
+            if value is not None and value * 1000.0 > bound:
+                return False
+        return True
+
+    def is_set(self) -> bool:
+        return any(v is not None for v in (self.ttft_ms, self.tpot_ms, self.e2e_ms))
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """numpy.percentile(values, q) with its default linear interpolation; values non-empty."""
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def distribution_ms(values_s: Sequence[float]) -> dict[str, float | None]:
+    """{mean, p50, p90, p99} in milliseconds; every value None when there is no sample."""
+    if not values_s:
+        return {"mean": None, **{f"p{q}": None for q in PERCENTILES}}
+    ms = [v * 1000.0 for v in values_s]
+    out: dict[str, float | None] = {"mean": round(sum(ms) / len(ms), 4)}
+    for q in PERCENTILES:
+        out[f"p{q}"] = round(percentile(ms, q), 4)
+    return out
+
+
+def summarize(
+    results: Sequence[RequestResult], duration_s: float, slo: Slo | None = None
+) -> dict[str, object]:
+    """One point's metrics (the `--json` schema's metric fields; docs/bench.md)."""
+    done = [r for r in results if r.ok]
+    failed = [r for r in results if not r.ok]
+    out_known = [r.output_tokens for r in done if r.output_tokens is not None]
+    in_known = [r.prompt_tokens for r in done if r.prompt_tokens is not None]
+    unknown_usage = sum(1 for r in done if r.output_tokens is None)
+    out_tokens = sum(out_known)
+    in_tokens = sum(in_known)
+    # Throughput over a zero duration (no request ever sent) is no figure, not infinity.
+    per_s = (lambda x: round(x / duration_s, 4)) if duration_s > 0 else (lambda x: None)
+    complete_usage = unknown_usage == 0
+    errors: dict[str, int] = {}
+    for r in failed:
+        key = (r.error or "unknown error")[:200]
+        errors[key] = errors.get(key, 0) + 1
+    summary: dict[str, object] = {
+        "requests_completed": len(done),
+        "requests_failed": len(failed),
+        "requests_timed_out": sum(1 for r in failed if r.timed_out),
+        "requests_without_usage": unknown_usage,
+        "errors": errors,
+        "duration_s": round(duration_s, 6),
+        "input_tokens": in_tokens if done and len(in_known) == len(done) else None,
+        "output_tokens": out_tokens if done and complete_usage else None,
+        "request_throughput": per_s(len(done)),
+        # With some usage missing, the token throughputs would undercount: no figure instead.
+        "output_tokens_per_s": per_s(out_tokens) if complete_usage else None,
+        "total_tokens_per_s": (
+            per_s(out_tokens + in_tokens) if complete_usage and len(in_known) == len(done) else None
+        ),
+        "ttft_ms": distribution_ms([r.ttft_s for r in done if r.ttft_s is not None]),
+        "tpot_ms": distribution_ms([t for r in done if (t := r.tpot_s) is not None]),
+        "itl_ms": distribution_ms([g for r in done for g in r.itl_s]),
+        "e2e_ms": distribution_ms([r.e2e_s for r in done if r.e2e_s is not None]),
+    }
+    timed = engine_timings(done)
+    if timed is not None:
+        summary["engine_timings"] = timed
+    if slo is not None and slo.is_set():
+        good = sum(1 for r in done if slo.met(r))
+        summary["slo"] = {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms}
+        summary["requests_good"] = good
+        summary["goodput"] = per_s(good)
+    return summary
+
+
+def engine_timings(done: Sequence[RequestResult]) -> dict[str, object] | None:
+    """The engine's own view of the point, where it reported one per request: its decode time
+    per token (to set beside the client's ITL) and, with a draft model, the acceptance rate."""
+    timed = [r.engine_timings for r in done if r.engine_timings]
+    if not timed:
+        return None
+    per_token = [t["predicted_per_token_ms"] for t in timed if "predicted_per_token_ms" in t]
+    drafted = sum(t.get("draft_n", 0.0) for t in timed)
+    accepted = sum(t.get("draft_n_accepted", 0.0) for t in timed)
+    return {
+        "requests": len(timed),
+        "predicted_per_token_ms_mean": (
+            round(sum(per_token) / len(per_token), 4) if per_token else None
+        ),
+        "draft_n": drafted,
+        "draft_n_accepted": accepted,
+        "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+    }

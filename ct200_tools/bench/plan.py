@@ -1,0 +1,299 @@
+"""The benchmark plan: a YAML file (or the ad-hoc options) -> a typed, frozen Plan.
+
+Validated like the site spec, with the same bounded reader (ct200_tools.spec.files: size, UTF-8,
+alias bombs, duplicate keys) and the same Section getters, so every problem is reported at once
+with its field path and the fix, before anything is sent. The managed mode (serving sets switched
+with ct200-serve switch behind the doctor's gate) reads the same `serving_sets`; this version
+benchmarks one server given with --target and records the run as ungated.
+
+```yaml
+serving_sets: [qwen-tp4-ddtree]          # names from the site spec; a label with --target
+workloads:
+  - {name: short, input_tokens: 128, output_tokens: 64, requests: 32}
+  - {name: chat, prompts: prompts.jsonl, output_tokens: 256, requests: 64}
+concurrency: [1, 4, 8, 16, 32]           # and/or request_rates: [2.0, 8.0] (Poisson arrivals)
+repetitions: 3
+warmup: 2                                # requests per point, sent first and not counted
+slo: {ttft_ms: 2000, tpot_ms: 50, e2e_ms: 60000}
+seed: 0
+timeout_s: 600                           # per request
+```
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Final
+
+from ct200_tools.bench.metrics import Slo
+from ct200_tools.spec.files import decode, parse_yaml
+from ct200_tools.spec.model import SpecError, SpecIssue
+from ct200_tools.spec.read import Issues, Section, entries, kind, section, show, subsection
+from ct200_tools.untrusted import UntrustedInputError, read_bounded
+
+MAX_PLAN_BYTES: Final = 256 << 10
+MAX_PROMPTS_BYTES: Final = 64 << 20
+MAX_PROMPTS: Final = 100_000
+MAX_CONCURRENCY: Final = 4096
+MAX_REQUESTS: Final = 1_000_000
+MAX_TOKENS: Final = 1 << 20
+
+ROOT: Final = {
+    "serving_sets": "[qwen-tp4-ddtree]",
+    "workloads": "[{name: short, input_tokens: 128, output_tokens: 64, requests: 32}]",
+    "concurrency": "[1, 4, 8]",
+    "request_rates": "[2.0, 8.0]",
+    "repetitions": "3",
+    "warmup": "2",
+    "slo": "{ttft_ms: 2000, tpot_ms: 50}",
+    "seed": "0",
+    "timeout_s": "600",
+    "model": "qwen3.6-27b",
+}
+WORKLOAD: Final = {
+    "name": "short",
+    "input_tokens": "128",
+    "output_tokens": "64",
+    "prompts": "prompts.jsonl",
+    "requests": "32",
+}
+SLO: Final = {"ttft_ms": "2000", "tpot_ms": "50", "e2e_ms": "60000"}
+
+
+class PlanError(SpecError):
+    """A plan that cannot be run; `issues` carry each field path and its fix."""
+
+    def __str__(self) -> str:
+        where = f"{self.source}: " if self.source else ""
+        return f"{where}{len(self.issues)} problem(s) in the benchmark plan"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    output_tokens: int
+    requests: int
+    #: None when the prompts come from a file.
+    input_tokens: int | None = None
+    #: A JSONL of {"prompt": "..."} lines, resolved against the plan's directory.
+    prompts: str | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    workloads: tuple[Workload, ...]
+    concurrency: tuple[int, ...] = ()
+    request_rates: tuple[float, ...] = ()
+    serving_sets: tuple[str, ...] = ()
+    repetitions: int = 1
+    warmup: int = 0
+    slo: Slo = field(default_factory=Slo)
+    seed: int = 0
+    timeout_s: float = 600.0
+    model: str | None = None
+    source: str = "(options)"
+
+    def as_dict(self) -> dict[str, object]:
+        """The plan as recorded in provenance (and compared on --resume)."""
+        out = asdict(self)
+        out.pop("source")
+        plain: dict[str, object] = json.loads(json.dumps(out))  # tuples as lists, as in JSON
+        return plain
+
+    def loads(self) -> list[tuple[int, float | None]]:
+        """(concurrency, request rate) of each point: the levels, then the rates (unbounded
+        concurrency capped at the largest level or MAX_CONCURRENCY)."""
+        out: list[tuple[int, float | None]] = [(c, None) for c in self.concurrency]
+        cap = max(self.concurrency, default=MAX_CONCURRENCY)
+        out += [(cap, r) for r in self.request_rates]
+        return out
+
+
+def _number(s: Section, key: str, lo: float, hi: float) -> float | None:
+    value = s.raw(key, nullable=False)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        s.bad(key, value, "a number")
+        return None
+    if not lo < value <= hi:
+        s.issues.error(
+            s.where(key),
+            f"{show(value)} is out of range (more than {lo:g}, at most {hi:g})",
+            f"use a value in that range, e.g. {s.examples[key]}",
+        )
+        return None
+    return float(value)
+
+
+def _int_list(s: Section, key: str, lo: int, hi: int, most: int) -> tuple[int, ...]:
+    out = []
+    for i, value in enumerate(entries(s, key, most)):
+        where = f"{s.where(key)}[{i}]"
+        if isinstance(value, bool) or not isinstance(value, int):
+            s.issues.error(
+                where, f"expected an integer, got {kind(value)} {show(value)}", f"e.g. {ROOT[key]}"
+            )
+        elif not lo <= value <= hi:
+            s.issues.error(where, f"{value} is out of range {lo}..{hi}", f"use {lo} to {hi}")
+        elif value in out:
+            s.issues.error(where, f"{value} is listed twice", "list each level once")
+        else:
+            out.append(value)
+    return tuple(out)
+
+
+def _rate_list(s: Section, key: str) -> tuple[float, ...]:
+    out: list[float] = []
+    for i, value in enumerate(entries(s, key, 64)):
+        where = f"{s.where(key)}[{i}]"
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1e6:
+            s.issues.error(
+                where,
+                f"expected a number of requests per second above 0, got {show(value)}",
+                f"e.g. {ROOT[key]}",
+            )
+        else:
+            out.append(float(value))
+    return tuple(out)
+
+
+def _workload(issues: Issues, value: object, path: str, base: Path) -> Workload | None:
+    s = section(issues, value, path, WORKLOAD, required=("name", "output_tokens"))
+    if s is None:
+        return None
+    name = s.get_name("name")
+    out_tokens = s.get_int("output_tokens", 1, MAX_TOKENS)
+    in_tokens = s.get_int("input_tokens", 1, MAX_TOKENS)
+    prompts = s.get_str("prompts")
+    requests = s.get_int("requests", 1, MAX_REQUESTS)
+    if "input_tokens" in s.data and "prompts" in s.data:
+        issues.error(
+            path,
+            "gives both input_tokens and prompts",
+            "keep one: input_tokens for made-up prompts of that length, or prompts: FILE",
+        )
+    elif "input_tokens" not in s.data and "prompts" not in s.data:
+        issues.error(
+            path,
+            "gives neither input_tokens nor prompts",
+            "add input_tokens: 128 (made-up prompts) or prompts: prompts.jsonl",
+        )
+    if prompts is not None and not os.path.isabs(prompts):
+        prompts = str(base / prompts)
+    if name is None or out_tokens is None:
+        return None
+    if requests is None and not s.has("requests"):
+        requests = 32
+    if requests is None:
+        return None
+    return Workload(name, out_tokens, requests, in_tokens, prompts)
+
+
+def validate(data: object, source: str, base: Path) -> Plan:
+    issues = Issues()
+    s = section(issues, data, "", ROOT, required=("workloads",))
+    if s is None:
+        raise PlanError(issues.items, source)
+    workloads: list[Workload] = []
+    for i, value in enumerate(entries(s, "workloads", 64)):
+        w = _workload(issues, value, f"workloads[{i}]", base)
+        if w is not None:
+            if any(other.name == w.name for other in workloads):
+                issues.error(f"workloads[{i}].name", f"{w.name!r} is used twice", "rename one")
+            workloads.append(w)
+    if "workloads" in s.data and not entries(s, "workloads", 64) and not issues.items:
+        issues.error("workloads", "is empty", f"list at least one, e.g. {ROOT['workloads']}")
+    concurrency = _int_list(s, "concurrency", 1, MAX_CONCURRENCY, 64)
+    rates = _rate_list(s, "request_rates")
+    if not concurrency and not rates and not issues.items:
+        issues.error(
+            "concurrency",
+            "no concurrency levels and no request_rates: nothing to measure",
+            f"add concurrency: {ROOT['concurrency']} (or request_rates: {ROOT['request_rates']})",
+        )
+    sets = []
+    for i, value in enumerate(entries(s, "serving_sets", 64)):
+        if not isinstance(value, str) or not value.strip():
+            issues.error(
+                f"serving_sets[{i}]",
+                f"expected a serving set's name, got {kind(value)} {show(value)}",
+                "write the server names of the site spec, e.g. [qwen-tp4-ddtree]",
+            )
+        elif issues.one_line(f"serving_sets[{i}]", value):
+            sets.append(value)
+    slo = Slo()
+    slo_s = subsection(s, "slo", SLO)
+    if slo_s is not None:
+        slo = Slo(*(_number(slo_s, k, 0, 1e9) for k in ("ttft_ms", "tpot_ms", "e2e_ms")))
+    repetitions = s.get_int("repetitions", 1, 100)
+    warmup = s.get_int("warmup", 0, 10_000)
+    seed = s.get_int("seed", 0, 2**63 - 1)
+    timeout_s = _number(s, "timeout_s", 0, 86_400)
+    model = s.get_str("model")
+    if issues.items:
+        raise PlanError(issues.items, source)
+    return Plan(
+        workloads=tuple(workloads),
+        concurrency=concurrency,
+        request_rates=rates,
+        serving_sets=tuple(sets),
+        repetitions=repetitions or 1,
+        warmup=warmup or 0,
+        slo=slo,
+        seed=seed or 0,
+        timeout_s=timeout_s or 600.0,
+        model=model,
+        source=source,
+    )
+
+
+def load_plan(path: str) -> Plan:
+    """The plan file at `path`, read bounded and validated; PlanError names every problem."""
+    fix = "pass a benchmark plan: a YAML file of a few KiB (docs/bench.md)"
+    try:
+        data = read_bounded(path, "the plan", MAX_PLAN_BYTES, fix)
+    except UntrustedInputError as exc:
+        raise PlanError([SpecIssue("plan", exc.message, exc.fix)], path) from None
+    try:
+        doc = parse_yaml(decode(data, path), path)
+    except SpecError as exc:
+        raise PlanError([SpecIssue("plan", i.message, i.fix) for i in exc.issues], path) from None
+    return validate(doc, path, Path(path).resolve().parent)
+
+
+def read_prompts(path: str, where: str) -> list[str]:
+    """The prompts of a JSONL file: one {"prompt": "..."} object a line (blank lines skipped)."""
+    fix = 'write one JSON object a line, {"prompt": "..."}, UTF-8'
+    try:
+        data = read_bounded(path, "the prompts file", MAX_PROMPTS_BYTES, fix)
+    except UntrustedInputError as exc:
+        raise PlanError([SpecIssue(where, exc.message, exc.fix)], path) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PlanError([SpecIssue(where, f"is not UTF-8 (byte {exc.start})", fix)], path) from None
+    prompts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError):
+            obj = None
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+            raise PlanError(
+                [SpecIssue(where, f"line {number} is not a JSON object with a string prompt", fix)],
+                path,
+            )
+        prompts.append(obj["prompt"])
+        if len(prompts) > MAX_PROMPTS:
+            raise PlanError(
+                [SpecIssue(where, f"has more than {MAX_PROMPTS} prompts", "use fewer")], path
+            )
+    if not prompts:
+        raise PlanError([SpecIssue(where, "has no prompt", fix)], path)
+    return prompts

@@ -1,0 +1,153 @@
+"""Prompts of a given input length, made deterministically from a seed.
+
+A prompt is a sequence of common English words drawn with `random.Random(seed, index)`, so the
+same workload gives the same prompts on every run and machine, and no two prompts of a point
+share a prefix (which a server's prefix cache would otherwise serve for free). The length is made
+right with the server's own tokenizer where it has one (POST /tokenize: vLLM, SGLang,
+llama-server): the word count is corrected until the server counts the wanted number of tokens,
+then, where a word is several tokens, characters are cut from the end; else the closest found.
+Without /tokenize the prompt has one word per wanted token (about one
+token each in Llama-family tokenizers) and the method says "approximate"; the real count is
+always the server's `usage.prompt_tokens`, recorded per point.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Final, Literal
+
+import aiohttp
+
+from ct200_tools.bench.http import request_json
+
+# Short, common words: each is one token, with its leading space, in the usual BPE vocabularies.
+_WORD_TEXT: Final = (
+    "the of and to in is it you that he was for on are with as his they be at one have this "
+    "from or had by hot word but what some we can out other were all there when up use your how "
+    "said an each she which do their time if will way about many then them write would like so "
+    "these her long make thing see him two has look more day could go come did number sound no "
+    "most people my over know water than call first who may down side been now find any new work "
+    "part take get place made live where after back little only round man year came show every "
+    "good me give our under name very through just form sentence great think say help low line "
+    "differ turn cause much mean before move right boy old too same tell does set three want air "
+    "well also play small end put home read hand port large spell add even land here must big "
+    "high such follow act why ask men change went light kind off need house picture try us again "
+    "animal point mother world near build self earth father head stand own page should country "
+    "found answer school grow study still learn plant cover food sun four between state keep eye "
+    "never last let thought city tree cross farm hard start might story saw far sea draw left late "
+    "run while press close night real life few north open seem together next white children begin "
+    "got walk example ease paper group always music those both mark often letter until mile river "
+    "car feet care second book carry took science eat room friend began idea fish mountain stop "
+    "once base hear horse cut sure watch color face wood main enough plain girl usual young ready "
+    "above ever red list though feel talk bird soon body dog family direct pose leave song measure "
+    "door product black short numeral class wind question happen complete ship area half rock "
+    "order fire south problem piece told knew pass since top whole king space heard best hour "
+    "better true during hundred five remember step early hold west ground interest reach fast"
+)
+WORDS: Final = tuple(_WORD_TEXT.split())
+#: Corrections of the word count before the closest count found is taken.
+MAX_ROUNDS: Final = 6
+#: Characters cut from the end, one a try, to come closer than a whole word.
+MAX_TRIM: Final = 24
+
+Method = Literal["tokenize", "approximate"]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    #: The server's count when it was asked (/tokenize), else the word count.
+    tokens: int
+    method: Method
+
+
+def words(seed: int, index: int, n: int) -> str:
+    rng = random.Random(f"{seed}:{index}")  # noqa: S311 - reproducible text, not secrets
+    return " ".join(rng.choice(WORDS) for _ in range(max(n, 1)))
+
+
+def _count(data: object) -> int | None:
+    if not isinstance(data, dict):
+        return None
+    count = data.get("count")
+    if isinstance(count, int) and not isinstance(count, bool):
+        return count
+    tokens = data.get("tokens")
+    return len(tokens) if isinstance(tokens, list) else None
+
+
+async def tokenize(
+    session: aiohttp.ClientSession, base_url: str, model: str, text: str
+) -> int | None:
+    """The server's token count of `text`, or None when it has no usable /tokenize."""
+    # vLLM and SGLang read "prompt", llama-server "content"; each ignores the other.
+    body: dict[str, object] = {"model": model, "prompt": text, "content": text}
+    answer = await request_json(session, "POST", base_url.rstrip("/") + "/tokenize", body)
+    return _count(answer.data) if answer.ok else None
+
+
+async def _trim(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    input_tokens: int,
+    best: tuple[int, str, int],
+) -> tuple[int, str, int]:
+    """Closer than a word: where a word is several tokens (a character-level tokenizer, or a
+    rare word), one more word, then characters cut from the end until the count fits."""
+    text = best[1] + " " + " ".join(WORDS[:2]) if best[2] < input_tokens else best[1]
+    for _ in range(MAX_TRIM):
+        text = text[:-1]
+        if not text:
+            break
+        got = await tokenize(session, base_url, model, text)
+        if got is None:
+            break
+        if abs(got - input_tokens) < best[0]:
+            best = (abs(got - input_tokens), text, got)
+        if got <= input_tokens:
+            break
+    return best
+
+
+async def make_prompts(
+    session: aiohttp.ClientSession | None,
+    base_url: str,
+    model: str,
+    input_tokens: int,
+    count: int,
+    seed: int,
+) -> list[Prompt]:
+    """`count` prompts of `input_tokens` tokens; ask the server's tokenizer when `session`."""
+    out: list[Prompt] = []
+    ratio = 1.0  # words per token, learnt from the first prompt
+    can_tokenize = session is not None
+    for index in range(count):
+        n_words = max(1, round(input_tokens * ratio))
+        if not can_tokenize or session is None:
+            out.append(Prompt(words(seed, index, n_words), n_words, "approximate"))
+            continue
+        best: tuple[int, str, int] | None = None  # (distance, text, tokens)
+        for _ in range(MAX_ROUNDS):
+            text = words(seed, index, n_words)
+            got = await tokenize(session, base_url, model, text)
+            if got is None:
+                can_tokenize = False
+                break
+            if best is None or abs(got - input_tokens) < best[0]:
+                best = (abs(got - input_tokens), text, got)
+            if got in (input_tokens, 0):
+                break
+            step = round(n_words * input_tokens / got) - n_words
+            # Step by at least one word, so a tokenizer that merges words still converges.
+            n_words = max(1, n_words + (step or (1 if got < input_tokens else -1)))
+        if best is None:
+            out.append(Prompt(words(seed, index, n_words), n_words, "approximate"))
+            continue
+        if best[0]:
+            best = await _trim(session, base_url, model, input_tokens, best)
+        if best[2]:
+            ratio = len(best[1].split()) / best[2]
+        out.append(Prompt(best[1], best[2], "tokenize"))
+    return out

@@ -1,0 +1,115 @@
+"""What can be known of a run: the command, this tool, this host, the times, and the engine.
+
+The engine is asked what it is through the endpoints each one has: GET /v1/models (all), /version
+(vLLM), /get_server_info (SGLang), /props (llama-server). Every answer is untrusted: bounded
+(ct200_tools.bench.http), stored exactly as JSON (a machine reader loses nothing) and shown only
+through untrusted.show. A missing endpoint is recorded with its error, never guessed around.
+"""
+
+from __future__ import annotations
+
+import platform
+import socket
+import sys
+import time
+from importlib import metadata
+from typing import Final
+
+import aiohttp
+
+from ct200_tools import __version__
+from ct200_tools.bench.http import Answer, request_json
+from ct200_tools.untrusted import show
+
+#: Each engine's self-description; which of them answer tells the engine apart.
+ENGINE_ENDPOINTS: Final = {
+    "models": "/v1/models",
+    "version": "/version",
+    "server_info": "/get_server_info",
+    "props": "/props",
+}
+#: llama-server's /props carries its whole chat template and more; a few KiB are kept of each.
+MAX_ANSWER: Final = 256 << 10
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _answer(a: Answer) -> dict[str, object]:
+    return {"url": a.url, "status": a.status, "data": a.data, "error": a.error}
+
+
+async def engine_info(session: aiohttp.ClientSession, base_url: str) -> dict[str, object]:
+    base = base_url.rstrip("/")
+    out: dict[str, object] = {}
+    for name, path in ENGINE_ENDPOINTS.items():
+        out[name] = _answer(await request_json(session, "GET", base + path, max_bytes=MAX_ANSWER))
+    out["engine"] = guess_engine(out)
+    return out
+
+
+def _data(info: dict[str, object], name: str) -> dict[str, object] | None:
+    entry = info.get(name)
+    if isinstance(entry, dict) and entry.get("status") == 200 and isinstance(entry["data"], dict):
+        return entry["data"]
+    return None
+
+
+def guess_engine(info: dict[str, object]) -> dict[str, object]:
+    """{name, version} as far as the answers tell; None where they do not."""
+    sglang = _data(info, "server_info")
+    if sglang is not None:
+        return {"name": "sglang", "version": sglang.get("version")}
+    props = _data(info, "props")
+    if props is not None and ("default_generation_settings" in props or "build_info" in props):
+        return {"name": "llama-server", "version": props.get("build_info")}
+    version = _data(info, "version")
+    if version is not None:
+        return {"name": "vllm", "version": version.get("version")}
+    return {"name": None, "version": None}
+
+
+def served_models(info: dict[str, object]) -> list[str]:
+    models = _data(info, "models")
+    data = models.get("data") if models is not None else None
+    if not isinstance(data, list):
+        return []
+    return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+
+def describe_engine(info: dict[str, object]) -> str:
+    """One escaped line for the text view."""
+    engine = info.get("engine")
+    name = version = None
+    if isinstance(engine, dict):
+        name, version = engine.get("name"), engine.get("version")
+    what = show(name, 40) if name else "unknown engine"
+    if version is not None:
+        what += f" {show(version, 60)}"
+    models = served_models(info)
+    return what + (f", serving {show(', '.join(models), 120)}" if models else "")
+
+
+def base_provenance(argv: list[str], target: str, run_id: str) -> dict[str, object]:
+    try:
+        aiohttp_version: str | None = metadata.version("aiohttp")
+    except metadata.PackageNotFoundError:
+        aiohttp_version = None
+    return {
+        "schema_version": 1,
+        "run_id": run_id,
+        "command": argv,
+        "ct200_tools_version": __version__,
+        "python": sys.version.split()[0],
+        "aiohttp": aiohttp_version,
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "target": target,
+        # Managed runs pass ct200-doctor's gate first; a --target run does not.
+        "gated": False,
+        "started": now_iso(),
+        "finished": None,
+        "state": "running",
+        "resumed": [],
+    }

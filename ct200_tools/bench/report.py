@@ -1,0 +1,275 @@
+"""`ct200-bench report`: results directories -> one self-contained HTML file, PNG plots, a
+Markdown table and a LaTeX table.
+
+Configurations sit side by side: one series per serving set (and workload, when there are
+several), one column per load. Every label comes from results files, which are untrusted: it is
+escaped for the format it lands in (HTML, LaTeX, Markdown), never written raw. The HTML draws its
+plots as inline SVG (no dependency); the PNGs need matplotlib (the `report` extra) and are
+skipped with a note when it is missing.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ct200_tools.bench.aggregate import Group, Loaded, Stat
+from ct200_tools.fsutil import write_atomic
+from ct200_tools.untrusted import show
+
+#: (file stem, title, y label, [(figure, legend suffix)]): the plots, in order.
+PLOTS: tuple[tuple[str, str, str, tuple[tuple[str, str], ...]], ...] = (
+    ("throughput", "Output tokens/s against concurrency", "output tok/s",
+     (("output_tokens_per_s", ""),)),
+    ("ttft", "TTFT percentiles against concurrency", "TTFT (ms)",
+     (("ttft_p50_ms", " p50"), ("ttft_p99_ms", " p99"))),
+    ("itl", "ITL percentiles against concurrency", "ITL (ms)",
+     (("itl_p50_ms", " p50"), ("itl_p99_ms", " p99"))),
+)  # fmt: skip
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+Series = dict[str, list[tuple[int, float]]]
+
+
+@dataclass
+class Written:
+    files: list[str]
+    notes: list[str]
+
+
+def label(g: Group, many_workloads: bool) -> str:
+    return f"{g.config} / {g.workload}" if many_workloads else g.config
+
+
+def series(loaded: Loaded, figures: Sequence[tuple[str, str]]) -> Series:
+    """Per configuration (and suffix), (concurrency, mean) of the closed-loop points."""
+    many = len({g.workload for g in loaded.groups}) > 1
+    out: Series = {}
+    for g in loaded.groups:
+        if g.request_rate is not None:
+            continue
+        for figure, suffix in figures:
+            s = g.figure(figure)
+            if s is not None:
+                out.setdefault(label(g, many) + suffix, []).append((g.concurrency, s.mean))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _fmt(s: Stat | None, digits: int = 1) -> str:
+    if s is None:
+        return "-"
+    if s.stdev is None:
+        return f"{s.mean:.{digits}f}"
+    return f"{s.mean:.{digits}f} ± {s.stdev:.{digits}f}"
+
+
+def rows(loaded: Loaded) -> list[list[str]]:
+    """The table's cells (raw text; each format escapes them)."""
+    many = len({g.workload for g in loaded.groups}) > 1
+    out = []
+    for g in loaded.groups:
+        ttft = f"{_fmt(g.figure('ttft_p50_ms'))} / {_fmt(g.figure('ttft_p99_ms'))}"
+        itl = f"{_fmt(g.figure('itl_p50_ms'), 2)} / {_fmt(g.figure('itl_p99_ms'), 2)}"
+        out.append(
+            [
+                show(label(g, many), 80),
+                g.load,
+                str(len(g.points)),
+                f"{g.total('requests_completed')}/{g.total('requests_failed')}",
+                _fmt(g.figure("output_tokens_per_s")),
+                ttft,
+                _fmt(g.figure("tpot_p50_ms"), 2),
+                itl,
+                _fmt(g.figure("e2e_p50_ms"), 0),
+            ]
+        )
+    return out
+
+
+HEAD = (
+    "Configuration", "Load", "Reps", "OK/failed", "Output tok/s", "TTFT p50/p99 ms",
+    "TPOT p50 ms", "ITL p50/p99 ms", "E2EL p50 ms",
+)  # fmt: skip
+
+
+def markdown(loaded: Loaded) -> str:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows(loaded)]
+    return "\n".join(lines) + "\n"
+
+
+_TEX = {
+    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+    "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+    "±": r"$\pm$",
+}  # fmt: skip
+
+
+def tex_escape(text: str) -> str:
+    return "".join(_TEX.get(ch, ch) for ch in text)
+
+
+def latex(loaded: Loaded) -> str:
+    """A booktabs table, as the incident's hand-written report had (\\usepackage{booktabs})."""
+    lines = [
+        r"\begin{table}[ht]",
+        r"\centering",
+        r"\small",
+        r"\begin{tabular}{l" + "r" * (len(HEAD) - 1) + "}",
+        r"\toprule",
+        " & ".join(tex_escape(h) for h in HEAD) + r" \\",
+        r"\midrule",
+    ]
+    lines += [" & ".join(tex_escape(c) for c in r) + r" \\" for r in rows(loaded)]
+    lines += [
+        r"\bottomrule",
+        r"\end{tabular}",
+        r"\caption{Throughput and latency per configuration and load (mean $\pm$ standard "
+        r"deviation over repetitions).}",
+        r"\end{table}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def svg(title: str, ylabel: str, data: Series) -> str:
+    """A line chart as inline SVG; x positions are the concurrency levels, evenly spaced."""
+    width, height, left, right, top, bottom = 640, 360, 70, 170, 30, 50
+    xs = sorted({x for pts in data.values() for x, _ in pts})
+    ymax = max((y for pts in data.values() for _, y in pts), default=1.0) or 1.0
+    pw, ph = width - left - right, height - top - bottom
+
+    def px(x: int) -> float:
+        return left + (pw * xs.index(x) / (len(xs) - 1) if len(xs) > 1 else pw / 2)
+
+    def py(y: float) -> float:
+        return top + ph - ph * y / (ymax * 1.05)
+
+    e = html.escape
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'role="img" aria-label="{e(title)}" font-family="sans-serif" font-size="12">',
+        f'<text x="{width / 2}" y="18" text-anchor="middle" font-size="14">{e(title)}</text>',
+        f'<line x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}" stroke="#000"/>',
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + ph}" stroke="#000"/>',
+        f'<text x="{left + pw / 2}" y="{height - 10}" text-anchor="middle">concurrency</text>',
+        f'<text x="15" y="{top + ph / 2}" transform="rotate(-90 15 {top + ph / 2})" '
+        f'text-anchor="middle">{e(ylabel)}</text>',
+    ]
+    for x in xs:
+        parts.append(f'<text x="{px(x):.1f}" y="{top + ph + 18}" text-anchor="middle">{x}</text>')
+    for i in range(5):
+        y = ymax * 1.05 * i / 4
+        parts.append(
+            f'<text x="{left - 6}" y="{py(y) + 4:.1f}" text-anchor="end">{y:.4g}</text>'
+            f'<line x1="{left}" y1="{py(y):.1f}" x2="{left + pw}" y2="{py(y):.1f}" '
+            'stroke="#ddd"/>'
+        )
+    for n, (name, pts) in enumerate(sorted(data.items())):
+        color = COLORS[n % len(COLORS)]
+        path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
+        parts.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
+        parts += [
+            f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{color}"/>' for x, y in pts
+        ]
+        ly = top + 14 * n + 6
+        parts.append(
+            f'<rect x="{left + pw + 10}" y="{ly - 8}" width="10" height="10" fill="{color}"/>'
+            f'<text x="{left + pw + 24}" y="{ly + 1}">{e(show(name, 24))}</text>'
+        )
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def html_page(loaded: Loaded, notes: Sequence[str]) -> str:
+    e = html.escape
+    table = ["<table>", "<tr>" + "".join(f"<th>{e(h)}</th>" for h in HEAD) + "</tr>"]
+    table += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows(loaded)]
+    table.append("</table>")
+    plots = [svg(title, ylabel, series(loaded, figs)) for _, title, ylabel, figs in PLOTS]
+    runs = []
+    for run_id, prov in sorted(loaded.runs.items()):
+        engine = prov.get("engine")
+        what = engine.get("engine") if isinstance(engine, dict) else None
+        name = what.get("name") if isinstance(what, dict) else None
+        runs.append(
+            f"<li>{e(show(run_id, 60))}: {e(show(prov.get('target'), 120))}, engine "
+            f"{e(show(name, 40))}, model {e(show(prov.get('model'), 80))}, "
+            f"{e(show(prov.get('started'), 30))} to {e(show(prov.get('finished'), 30))}, "
+            f"host {e(show(prov.get('host'), 60))}, "
+            f"{'gated' if prov.get('gated') is True else 'ungated'}</li>"
+        )
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en"><head><meta charset="utf-8"><title>ct200-bench report</title>',
+            "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+            "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+            "td:first-child,th:first-child{text-align:left}</style></head><body>",
+            "<h1>ct200-bench report</h1>",
+            *plots,
+            "<h2>Results</h2>",
+            *table,
+            "<p>Mean ± standard deviation over the repetitions; latencies in milliseconds. "
+            "Metrics as vLLM bench serve and SGLang bench_serving define them.</p>",
+            "<h2>Runs</h2><ul>",
+            *runs,
+            "</ul>",
+            *(f"<p>Note: {e(n)}</p>" for n in notes),
+            "</body></html>",
+        ]
+    )
+
+
+def pngs(loaded: Loaded, out_dir: str) -> tuple[list[str], list[str]]:
+    try:
+        import matplotlib  # noqa: PLC0415 - an optional extra, only for these files
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        return [], [
+            "PNG plots skipped: matplotlib is not installed (pip install 'ct200-tools[report]')"
+        ]
+    files = []
+    for stem, title, ylabel, figs in PLOTS:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for name, pts in sorted(series(loaded, figs).items()):
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=show(name, 40))
+        levels = sorted({x for pts in series(loaded, figs).values() for x, _ in pts})
+        if levels:
+            # Concurrency doubles from level to level in most sweeps: a log2 axis spaces them.
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(levels, [str(x) for x in levels])
+        ax.set_title(title)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        path = os.path.join(out_dir, f"{stem}.png")
+        fig.savefig(path, dpi=100, bbox_inches="tight", metadata={"Software": None})
+        plt.close(fig)
+        files.append(path)
+    return files, []
+
+
+def write(loaded: Loaded, out_dir: str) -> Written:
+    os.makedirs(out_dir, exist_ok=True)
+    png_files, notes = pngs(loaded, out_dir)
+    if loaded.skipped:
+        notes.append(f"{loaded.skipped} point(s) without a configuration or load were skipped")
+    files = []
+    for name, text in (
+        ("report.html", html_page(loaded, notes)),
+        ("table.md", markdown(loaded)),
+        ("table.tex", latex(loaded)),
+    ):
+        path = os.path.join(out_dir, name)
+        write_atomic(path, text)
+        files.append(path)
+    return Written(files + png_files, notes)

@@ -1,0 +1,196 @@
+"""The results store: append-only, whole or absent, resumable.
+
+```
+OUT/results.jsonl                one finished point a line, every run's (append-only)
+OUT/runs/<run-id>/provenance.json   what ran, where, against what; rewritten whole at the end
+```
+A point is appended only once it is finished, as one write() of one line followed by fsync, so a
+run killed mid-way keeps every finished point and loses only the point in flight. A write that
+fails (ENOSPC, EIO) is undone by truncating the file back to its length before, so a full disk
+leaves no half line; a line torn by a crash of the machine itself (no newline at the end) is
+ignored by readers and reported. provenance.json is written beside and renamed (fsutil), so it is
+always whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from ct200_tools.fsutil import fsync_dir, write_atomic
+from ct200_tools.untrusted import UntrustedInputError, load_json, read_bounded, show
+
+RESULTS: Final = "results.jsonl"
+RUNS: Final = "runs"
+PROVENANCE: Final = "provenance.json"
+#: The most a results file may be when read back (a point is a few KiB: millions of points).
+MAX_RESULTS_BYTES: Final = 1 << 30
+MAX_PROVENANCE_BYTES: Final = 16 << 20
+
+
+class StoreError(Exception):
+    """The store could not be written (disk full, permissions); what was written before is whole."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def append_line(path: Path, record: dict[str, object]) -> None:
+    """Append one JSON line durably, or leave the file exactly as it was."""
+    data = (json.dumps(record, sort_keys=True, allow_nan=False) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        before = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, data)
+            if written != len(data):  # a short write: the disk filled up under us
+                raise OSError(28, os.strerror(28))
+            os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, before)
+                os.fsync(fd)
+            raise
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Lines:
+    records: list[dict[str, object]] = field(default_factory=list)
+    #: A last line without its newline: a write torn by a crash; ignored.
+    torn: bool = False
+
+
+def read_lines(path: Path) -> Lines:
+    """Every point of a results file; a line that is not a JSON object is an error naming it."""
+    fix = f"{path} is written only by ct200-bench; restore it, or move it away to start afresh"
+    out = Lines()
+    if not path.exists():
+        return out
+    data = read_bounded(path, "the results file", MAX_RESULTS_BYTES, fix)
+    lines = data.split(b"\n")
+    if lines and lines[-1] != b"":
+        out.torn = True
+    for number, raw in enumerate(lines[:-1], 1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except (ValueError, RecursionError):
+            record = None
+        if not isinstance(record, dict):
+            raise UntrustedInputError(
+                f"the results file {show(str(path))}, line {number}, is not a JSON object", fix
+            )
+        out.records.append(record)
+    return out
+
+
+class Store:
+    """One output directory: its results file and its runs."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.results = self.root / RESULTS
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.root / RUNS / run_id
+
+    def start(self, run_id: str, provenance: dict[str, object]) -> None:
+        try:
+            self.run_dir(run_id).mkdir(parents=True, exist_ok=True)
+            fsync_dir(str(self.root / RUNS))
+            self.write_provenance(run_id, provenance)
+        except OSError as exc:
+            raise self._error(exc, "the run's provenance") from None
+
+    def write_provenance(self, run_id: str, provenance: dict[str, object]) -> None:
+        try:
+            text = json.dumps(provenance, indent=1, sort_keys=True, allow_nan=False) + "\n"
+            write_atomic(str(self.run_dir(run_id) / PROVENANCE), text)
+        except OSError as exc:
+            raise self._error(exc, "the run's provenance") from None
+
+    def repair_tail(self) -> int:
+        """Cut a torn last line (a crash of the machine mid-write) so the next point starts a
+        line of its own; returns the bytes cut (0 when the file ends with a newline)."""
+        try:
+            fd = os.open(self.results, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            raise self._error(exc, "the results file") from None
+        try:
+            size = os.fstat(fd).st_size
+            keep = size
+            while keep > 0:
+                step = min(keep, 1 << 16)
+                block = os.pread(fd, step, keep - step)
+                newline = block.rfind(b"\n")
+                if newline >= 0:
+                    keep = keep - step + newline + 1
+                    break
+                keep -= step
+            if keep != size:
+                os.ftruncate(fd, keep)
+                os.fsync(fd)
+            return size - keep
+        except OSError as exc:
+            raise self._error(exc, "the results file") from None
+        finally:
+            os.close(fd)
+
+    def add_point(self, record: dict[str, object]) -> None:
+        try:
+            append_line(self.results, record)
+        except OSError as exc:
+            raise self._error(exc, "a finished point") from None
+
+    def _error(self, exc: OSError, what: str) -> StoreError:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            fix = "free space on that filesystem or pass another --out"
+        else:
+            fix = "pass as --out a directory you can write (it is created if missing)"
+        return StoreError(
+            f"cannot write {what} under {show(str(self.root))}: {show(exc.strerror or exc)}",
+            f"{fix}; the points written before are whole, and --resume continues from them",
+        )
+
+    def provenance(self, run_id: str) -> dict[str, object]:
+        path = self.run_dir(run_id) / PROVENANCE
+        data = load_json(
+            path, "the run's provenance", MAX_PROVENANCE_BYTES, "it is written by ct200-bench"
+        )
+        if not isinstance(data, dict):
+            raise UntrustedInputError(
+                f"{show(str(path))} is not a JSON object", "it is written by ct200-bench"
+            )
+        return data
+
+    def runs(self) -> Iterator[str]:
+        base = self.root / RUNS
+        if base.is_dir():
+            yield from sorted(p.name for p in base.iterdir() if (p / PROVENANCE).is_file())
+
+    def points(self, run_id: str | None = None) -> list[dict[str, object]]:
+        records = read_lines(self.results).records
+        return [r for r in records if run_id is None or r.get("run_id") == run_id]
+
+    def last_run(self) -> str | None:
+        runs = list(self.runs())
+        return runs[-1] if runs else None

@@ -1,0 +1,209 @@
+"""One `ct200-bench run`: the plan, the store, the provenance, resume, and what is printed.
+
+The run's provenance is written before the first request (state "running") and rewritten at the
+end ("finished", or "interrupted" on Ctrl-C); a run killed outright stays "running", and --resume
+continues it: the same plan and target, the points it recorded skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ct200_tools.bench import provenance
+from ct200_tools.bench.metrics import Slo
+from ct200_tools.bench.plan import Plan, Workload, load_plan
+from ct200_tools.bench.results import Store
+from ct200_tools.bench.runner import BenchError, Sweep, points, resolve_model
+from ct200_tools.bench.view import point_lines
+from ct200_tools.untrusted import show
+
+Echo = Callable[..., None]
+
+
+@dataclass
+class Outcome:
+    run_id: str
+    points: int
+    failed_requests: int
+
+
+def plan_from_file(
+    path: str,
+    model: str | None,
+    repetitions: int | None,
+    warmup: int | None,
+    timeout_s: float | None,
+) -> Plan:
+    plan = load_plan(path)
+    changes: dict[str, object] = {}
+    for key, value in (
+        ("model", model),
+        ("repetitions", repetitions),
+        ("warmup", warmup),
+        ("timeout_s", timeout_s),
+    ):
+        if value is not None:
+            changes[key] = value
+    return dataclasses.replace(plan, **changes)  # type: ignore[arg-type]
+
+
+def adhoc_plan(
+    concurrency: tuple[int, ...],
+    request_rates: tuple[float, ...],
+    input_tokens: int,
+    output_tokens: int,
+    requests: int,
+    repetitions: int,
+    warmup: int,
+    timeout_s: float,
+    model: str | None,
+) -> Plan:
+    workload = Workload("adhoc", output_tokens, requests, input_tokens=input_tokens)
+    return Plan(
+        workloads=(workload,),
+        concurrency=concurrency,
+        request_rates=request_rates,
+        repetitions=repetitions,
+        warmup=warmup,
+        slo=Slo(),
+        timeout_s=timeout_s,
+        model=model,
+    )
+
+
+def _progress(echo: Echo) -> Callable[[str, int, int], None]:
+    def show_progress(key: str, done: int, total: int) -> None:
+        echo(f"\r\x1b[K  {show(key, 80)}: {done}/{total} requests", nl=False, err=True)
+
+    return show_progress
+
+
+def run(
+    plan: Plan,
+    target: str,
+    out_dir: str,
+    *,
+    label: str,
+    resume: bool,
+    as_json: bool,
+    argv: list[str],
+    echo: Echo,
+    tty: bool,
+) -> Outcome:
+    store = Store(out_dir)
+    if plan.serving_sets:
+        label = plan.serving_sets[0]
+    if len(plan.serving_sets) > 1:
+        raise BenchError(
+            f"the plan names {len(plan.serving_sets)} serving sets, and --target is one server",
+            "benchmark one serving set per --target run (serving_sets: [NAME]); switching "
+            "between sets comes with the managed mode",
+        )
+    if resume:
+        run_id, prov, done = _resume(store, plan, target, label, out_dir, argv)
+    else:
+        run_id, prov = _start(store, plan, target, label, argv)
+        done = frozenset()
+    model = str(prov.get("model"))
+    cut = store.repair_tail()
+    if cut:
+        echo(
+            f"ct200-bench: note: cut a torn last line of {cut} bytes from "
+            f"{show(str(store.results))} (a write the machine did not finish)",
+            err=True,
+        )
+    engine = prov.get("engine")
+    if not as_json:
+        what = provenance.describe_engine(engine) if isinstance(engine, dict) else "?"
+        echo(
+            f"ct200-bench: run {run_id} against {show(target)} ({what}), model "
+            f"{show(model, 80)}, ungated"
+            + (f"; resuming after {len(done)} point(s)" if resume else "")
+        )
+    failed = 0
+
+    def on_point(record: dict[str, object]) -> None:
+        nonlocal failed
+        failed += int(record.get("requests_failed") or 0)  # type: ignore[call-overload]
+        if tty:
+            echo("\r\x1b[K", nl=False, err=True)
+        if as_json:
+            echo(json.dumps(record, sort_keys=True))
+        else:
+            for line in point_lines(record):
+                echo(line)
+        sys.stdout.flush()
+
+    sweep = Sweep(plan, target, store, run_id, model, done, label, on_point)
+    if tty:
+        sweep.progress = _progress(echo)
+    try:
+        records = asyncio.run(sweep.run())
+    except KeyboardInterrupt:
+        prov.update(state="interrupted", finished=provenance.now_iso())
+        store.write_provenance(run_id, prov)
+        raise
+    prov.update(state="finished", finished=provenance.now_iso())
+    store.write_provenance(run_id, prov)
+    total = len(points(plan, label))
+    if not as_json:
+        echo(
+            f"ct200-bench: {len(records)} point(s) recorded ({total - len(records)} before), "
+            f"{failed} failed request(s); results {show(str(store.results))}, provenance "
+            f"{show(str(store.run_dir(run_id)))}"
+        )
+    return Outcome(run_id, len(records), failed)
+
+
+def _new_id(store: Store) -> str:
+    from ct200_tools.bench.results import new_run_id  # noqa: PLC0415
+
+    run_id = new_run_id()
+    # Run ids sort by start time; two runs in one second get distinct suffixes.
+    if store.run_dir(run_id).exists():
+        return _new_id(store)
+    return run_id
+
+
+def _resume(
+    store: Store, plan: Plan, target: str, label: str, out_dir: str, argv: list[str]
+) -> tuple[str, dict[str, object], frozenset[str]]:
+    run_id = store.last_run()
+    if run_id is None:
+        raise BenchError(
+            f"nothing to resume: {show(out_dir)} holds no run",
+            "run without --resume to start one",
+        )
+    prov = store.provenance(run_id)
+    same = (prov.get("plan"), prov.get("target"), prov.get("serving_set"))
+    if same != (plan.as_dict(), target, label):
+        raise BenchError(
+            f"the last run in {show(out_dir)} ({show(run_id)}) had another plan, target or label",
+            "give the same PLAN and options as that run (its command is in "
+            f"runs/{show(run_id)}/provenance.json), or run without --resume",
+        )
+    done = frozenset(str(r.get("key")) for r in store.points(run_id))
+    resumed = prov.get("resumed")
+    prov["resumed"] = [
+        *(resumed if isinstance(resumed, list) else []),
+        {"at": provenance.now_iso(), "command": argv, "points_done": len(done)},
+    ]
+    prov["state"] = "running"
+    store.write_provenance(run_id, prov)
+    return run_id, prov, done
+
+
+def _start(
+    store: Store, plan: Plan, target: str, label: str, argv: list[str]
+) -> tuple[str, dict[str, object]]:
+    model, info = asyncio.run(resolve_model(target, plan.model))
+    run_id = _new_id(store)
+    prov = provenance.base_provenance(argv, target, run_id)
+    prov.update(plan=plan.as_dict(), model=model, engine=info, serving_set=label)
+    store.start(run_id, prov)
+    return run_id, prov

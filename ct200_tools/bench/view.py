@@ -1,0 +1,63 @@
+"""The text view of points: one line per point, its errors under it. Values from the server
+(error messages) were escaped where they were taken in (client.py); labels from the plan are
+shown escaped here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ct200_tools.untrusted import show
+
+
+def _num(value: object, digits: int = 1) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, int | float) else "-"
+
+
+def _dist(record: Mapping[str, object], key: str) -> str:
+    d = record.get(key)
+    if not isinstance(d, dict):
+        return "-"
+    return "/".join(_num(d.get(k)) for k in ("mean", "p50", "p90", "p99"))
+
+
+def point_lines(record: Mapping[str, object]) -> list[str]:
+    done, failed = record.get("requests_completed"), record.get("requests_failed")
+    total = record.get("requests")
+    head = f"  {show(record.get('key'), 120)}: {done}/{total} ok"
+    if failed:
+        head += f", {failed} FAILED"
+    out_tps = record.get("output_tokens_per_s")
+    head += (
+        f", {_num(out_tps)} output tok/s"
+        if out_tps is not None
+        else ", output tok/s unknown (the server sent no usage)"
+    )
+    head += f", {_num(record.get('request_throughput'), 2)} req/s"
+    if "goodput" in record:
+        head += f", goodput {_num(record.get('goodput'), 2)} req/s"
+    lines = [
+        head,
+        "    ms mean/p50/p90/p99  TTFT "
+        + _dist(record, "ttft_ms")
+        + "  TPOT "
+        + _dist(record, "tpot_ms")
+        + "  ITL "
+        + _dist(record, "itl_ms")
+        + "  E2EL "
+        + _dist(record, "e2e_ms"),
+    ]
+    timed = record.get("engine_timings")
+    if isinstance(timed, dict):
+        rate = timed.get("acceptance_rate")
+        lines.append(
+            f"    engine: {_num(timed.get('predicted_per_token_ms_mean'), 2)} ms/token"
+            + (f", draft acceptance {_num(100 * rate)} %" if isinstance(rate, float) else "")
+        )
+    errors = record.get("errors")
+    if isinstance(errors, dict):
+        for message, count in sorted(errors.items(), key=lambda kv: -int(kv[1])):
+            lines.append(f"    {count}x {show(message, 200)}")
+    missing = record.get("requests_without_usage")
+    if isinstance(missing, int) and missing:
+        lines.append(f"    {missing} request(s) without usage: their token counts are unknown")
+    return lines
