@@ -1,9 +1,12 @@
 """ct200-bench's client against a real streaming server on 127.0.0.1 with scripted timings.
 
-The server's own delays are the ground truth: a gap can only be longer than the delay scripted
-for it (asyncio.sleep never wakes early), so each figure is checked against [delay, delay +
-slack] with a slack of most of a delay, far above scheduling noise but below the next delay
-step, so a client that measured the wrong gap (from the request, or across two tokens) fails.
+The server's own delays are the ground truth, checked without timing assertions that a busy
+machine could break: the server sleeps at least the scripted delays (asyncio.sleep never wakes
+early), so TTFT and the sum of the gaps are at least theirs (one gap alone may look shorter when
+the token before it was read late); the figures are consistent by
+construction (TTFT plus the gaps is the end-to-end latency, one gap fewer than tokens); and the
+first token's delay is ten times a gap's, so a gap measured from the request instead of the
+previous token would exceed a bound that only a stall of most of a second could reach.
 """
 
 from __future__ import annotations
@@ -19,9 +22,8 @@ from tests.unit.bench_helpers import standin
 
 pytestmark = pytest.mark.timeout(120)
 
-TTFT = 0.4
-ITL = 0.2
-SLACK = 0.15
+TTFT = 1.0
+ITL = 0.1
 
 
 def run(
@@ -36,19 +38,23 @@ def test_ttft_itl_tpot_e2e_agree_with_the_scripted_delays() -> None:
         results, duration = run(url, 4, 2, max_tokens=5)
     assert all(r.ok for r in results), [r.error for r in results]
     for r in results:
-        assert r.ttft_s is not None and TTFT <= r.ttft_s < TTFT + SLACK
-        assert len(r.itl_s) == 4
-        assert all(ITL * 0.99 <= g < ITL + SLACK for g in r.itl_s), r.itl_s
-        assert r.tpot_s is not None and ITL <= r.tpot_s < ITL + SLACK
-        assert r.e2e_s is not None and TTFT + 4 * ITL <= r.e2e_s < TTFT + 4 * ITL + 2 * SLACK
+        assert r.ttft_s is not None and r.ttft_s >= TTFT
+        assert len(r.itl_s) == 4  # one gap fewer than the 5 tokens
+        # A gap may look a little short when the token before it was read late; their sum
+        # cannot (the server slept 4 gaps after the first token).
+        assert all(ITL / 2 <= g < TTFT - ITL for g in r.itl_s), r.itl_s
+        assert sum(r.itl_s) >= 4 * ITL * 0.99
+        assert r.e2e_s is not None
+        assert r.e2e_s == pytest.approx(r.ttft_s + sum(r.itl_s), abs=1e-6)
+        assert r.tpot_s == pytest.approx((r.e2e_s - r.ttft_s) / 4)
     point = summarize(results, duration)
     ttft, itl = point["ttft_ms"], point["itl_ms"]
     assert isinstance(ttft, dict) and isinstance(itl, dict)
-    assert TTFT * 1000 <= ttft["p50"] < (TTFT + SLACK) * 1000
-    assert ITL * 990 <= itl["p50"] < (ITL + SLACK) * 1000
+    assert ttft["p50"] >= TTFT * 1000
+    assert ITL * 500 <= itl["p50"] < (TTFT - ITL) * 1000
     # Two rounds of two concurrent requests: the duration is two requests long, not four.
     one = TTFT + 4 * ITL
-    assert 2 * one <= duration < 3 * one
+    assert 2 * one <= duration < 4 * one
 
 
 def test_token_counts_are_the_servers_usage() -> None:
@@ -99,11 +105,11 @@ def test_a_server_that_dies_fails_the_rest_and_returns() -> None:
 
 
 def test_a_request_past_its_timeout_is_counted_as_timed_out() -> None:
-    with standin("--ttft", "5") as url:
+    with standin("--ttft", "30") as url:
         results, duration = run(url, 2, 2, timeout_s=0.5)
     point = summarize(results, duration)
     assert point["requests_timed_out"] == 2 and point["requests_failed"] == 2
-    assert duration < 4
+    assert duration < 30  # it did not wait for the server's first token
 
 
 def test_hostile_chunks_are_errors_with_escaped_text() -> None:
