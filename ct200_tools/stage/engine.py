@@ -92,6 +92,10 @@ class _FileState:
     reads: int = 1
     #: A task of the current read saw the file differ from `identity`.
     changed: bool = False
+    #: Held around each write to the destination file: the kernel serialises writes to one file
+    #: anyway (tmpfs takes the inode's rwsem), and threads waiting for it there spin on a CPU;
+    #: here they sleep (docs/staging.md, "Where the time goes").
+    write_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass(frozen=True)
@@ -332,7 +336,9 @@ class ChunkEngine:
             for chunk in range(task.first_chunk, task.last_chunk):
                 pos = chunk * self.chunk_size
                 chunk_end = min(end, pos + self.chunk_size)
-                digests.append(self._chunk(src, view, pos, chunk_end, sha, dst_fd))
+                digests.append(
+                    self._chunk(src, view, pos, chunk_end, sha, dst_fd, state.write_lock)
+                )
                 try:
                     self._check(job, chunk, digests[-1])
                 except VerifyError as exc:
@@ -354,7 +360,14 @@ class ChunkEngine:
         return digests, (sha.hexdigest() if sha is not None else None), src.direct
 
     def _chunk(
-        self, src: _Source, view: memoryview, pos: int, end: int, sha: Hasher | None, dst_fd: int
+        self,
+        src: _Source,
+        view: memoryview,
+        pos: int,
+        end: int,
+        sha: Hasher | None,
+        dst_fd: int,
+        write_lock: threading.Lock,
     ) -> str:
         """Copy bytes pos..end of one chunk (to dst_fd unless -1); return the chunk's hash."""
         start = pos
@@ -367,7 +380,8 @@ class ChunkEngine:
             if sha is not None:
                 sha.update(data)
             if dst_fd >= 0:
-                _write_call(src.rel, _pwrite_all, dst_fd, data, pos)
+                with write_lock:
+                    _write_call(src.rel, _pwrite_all, dst_fd, data, pos)
             pos += len(data)
             self.progress(len(data))
         src.done(start, end)
