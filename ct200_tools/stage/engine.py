@@ -4,6 +4,12 @@ Work is cut into chunks (64 MiB) handed out in file order to a pool of threads, 
 uses every thread and a kill loses only the few files in flight. Each thread reads into its own
 page-aligned buffer, hashes the bytes it holds (verification costs no second pass) and writes the
 same buffer to the destination. Threads suffice: read, write and the hash release the GIL.
+Writes to one destination file take turns on a lock of ours: the kernel runs them one at a time
+anyway (tmpfs holds the inode's rwsem across a write), and a thread that waits for that rwsem
+spins on a CPU while the holder runs, which with many threads per file cost more CPU than the
+copy itself (issue 22; docs/staging.md). copy_file_range, sendfile and splice are not used: the
+bytes would go from the source's page cache to the target without passing through our buffer, so
+what is hashed (a read of our own) would not be what is written.
 
 Reads go through the page cache by default, each thread streaming a run of chunks through one
 descriptor so that readahead keeps the disk busy while the thread hashes and writes; each chunk's
