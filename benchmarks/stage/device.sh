@@ -33,50 +33,49 @@ DST=${DST:-/dev/shm/ct200-bench}
 FULL=ct200-stage,cp,cat-parallel,cat-sequential,ct200-verify
 export PYTHONPATH=$PWD
 start=$(date +%s)
-exec > >(tee -a "$OUT/run.log") 2>&1
-tmp=$(mktemp -d)
-cleanup() { rm -rf "$tmp" "$DST"; }
-trap cleanup EXIT
 
 loud() { printf '\n########## %s ##########\n\n' "$*"; }
 
-if ! "$PY" -c 'import xxhash' 2>/dev/null; then
-  tag=$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
-  whl=$(ls "$WHEELS"/xxhash-*-"$tag"-*.whl 2>/dev/null | head -n 1)
-  if [ -n "$whl" ]; then
-    "$PY" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
-      "$whl" "$tmp/site"
-    export PYTHONPATH=$tmp/site:$PYTHONPATH
-    echo "xxhash: not installed for $PY; using the carried $whl (unpacked, not installed)"
+hash_setup() {  # sets PYTHONPATH (a carried wheel) and HASH
+  if ! "$PY" -c 'import xxhash' 2>/dev/null; then
+    local tag whl
+    tag=$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+    whl=$(ls "$WHEELS"/xxhash-*-"$tag"-*.whl 2>/dev/null | head -n 1)
+    if [ -n "$whl" ]; then
+      "$PY" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
+        "$whl" "$tmp/site"
+      export PYTHONPATH=$tmp/site:$PYTHONPATH
+      echo "xxhash: not installed for $PY; using the carried $whl (unpacked, not installed)"
+    fi
   fi
-fi
-HASH=$("$PY" -c 'from ct200_tools.stage.hashing import default_algorithm; print(default_algorithm())')
-if [ "$HASH" != xxh3-128 ]; then
-  loud "NO XXHASH for $PY ($("$PY" -V 2>&1)): the stage hashes with $HASH, ~1 CPU-s/GB per core;" \
-    "these figures are NOT comparable to issue 22's (XXH3). Fix: run" \
-    "benchmarks/stage/carry_xxhash.sh on a machine with network, carry .gpu-carry"
-fi
+  HASH=$("$PY" -c 'from ct200_tools.stage.hashing import default_algorithm as a; print(a())')
+  if [ "$HASH" != xxh3-128 ]; then
+    loud "NO XXHASH for $PY ($("$PY" -V 2>&1)): the stage hashes with $HASH, ~1 CPU-s/GB per" \
+      "core; these figures are NOT comparable to issue 22's (XXH3). Fix: run" \
+      "benchmarks/stage/carry_xxhash.sh on a machine with network, carry .gpu-carry"
+  fi
+}
 
-{
+environment() {
   echo "date: $(date -u +%FT%TZ)"
-  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown) $(git status --porcelain 2>/dev/null | wc -l) changed files"
+  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)," \
+    "$(git status --porcelain 2>/dev/null | wc -l) changed files"
   echo "python: $("$PY" -V 2>&1), hash $HASH"
   echo "cpus: $(nproc); kernel: $(uname -r)"
   free -g | sed -n 1,2p
   df -hT "$(dirname "$DATA")" "$(dirname "$DST")"
   grep -m1 'model name' /proc/cpuinfo
   echo "load: $(cat /proc/loadavg)"
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
+}
 
 bench() {  # SIZE SHARD ONLY LIMIT_S
-  local size=$1 shard=$2 only=$3 limit=$4
+  local size=$1 shard=$2 only=$3 limit=$4 rc
   loud "$size: --size $size --shard-size $shard --rounds 3 --only $only (limit ${limit}s)"
   mkdir -p "$OUT/$size"
   timeout --kill-after=15 "$limit" "$PY" -m benchmarks.stage --out "$OUT/$size" \
     --size "$size" --shard-size "$shard" --rounds 3 --only "$only" \
     --data "$DATA-$size" --dst "$DST" --remove-data ${SETTLE:+--settle "$SETTLE"}
-  local rc=$?
+  rc=$?
   rm -rf "$DST" "$DATA-$size" "$OUT/$size/manifest.json"
   if [ "$rc" -ne 0 ]; then
     loud "$size: exit $rc$([ "$rc" -eq 124 ] && echo ' (cut at its time limit: complete rounds only)')"
@@ -84,27 +83,39 @@ bench() {  # SIZE SHARD ONLY LIMIT_S
   return "$rc"
 }
 
-read -r first second <<<"$SIZES"
-bench "${first%%:*}" "${first#*:}" "$FULL" "$LIMIT_FIRST_S"
-rc=$?
-t1=$(($(date +%s) - start))
-left=$((BUDGET_S - t1 - 10))
-# The second (twice the bytes) costs about 1.7x the first: settling and dropping caches are per
-# run, not per byte.
-if [ "$left" -lt 60 ]; then
-  loud "${second%%:*}: skipped, ${left}s left after ${first%%:*} (${t1}s)"
-  exit 1
-elif [ $((t1 * 17 / 10)) -le "$left" ]; then
-  only=$FULL
-elif [ $((t1 * 14 / 10)) -le "$left" ]; then
-  only=ct200-stage,cp,cat-parallel,ct200-verify
-  loud "${second%%:*}: no time for every contender (${first%%:*} took ${t1}s, ${left}s left):" \
-    "cat-sequential left out"
-else
-  only=ct200-stage,cat-parallel,ct200-verify
-  loud "${second%%:*}: no time for every contender (${first%%:*} took ${t1}s, ${left}s left):" \
-    "only ct200-stage, cat-parallel and ct200-verify"
-fi
-bench "${second%%:*}" "${second#*:}" "$only" "$left" || rc=$?
-loud "done in $(($(date +%s) - start))s, exit $rc; results under $OUT"
-exit "$rc"
+main() {
+  local first second rc t1 left only
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp" "$DST"' EXIT
+  hash_setup
+  environment > "$OUT/env.txt" 2>&1
+  cat "$OUT/env.txt"
+  read -r first second <<<"$SIZES"
+  bench "${first%%:*}" "${first#*:}" "$FULL" "$LIMIT_FIRST_S"
+  rc=$?
+  t1=$(($(date +%s) - start))
+  left=$((BUDGET_S - t1 - 10))
+  # The second size (twice the bytes) costs about 1.7x the first: settling and dropping the
+  # caches are per run, not per byte.
+  if [ "$left" -lt 60 ]; then
+    loud "${second%%:*}: skipped, ${left}s left after ${first%%:*} (${t1}s)"
+    return 1
+  elif [ $((t1 * 17 / 10)) -le "$left" ]; then
+    only=$FULL
+  elif [ $((t1 * 14 / 10)) -le "$left" ]; then
+    only=ct200-stage,cp,cat-parallel,ct200-verify
+    loud "${second%%:*}: no time for every contender (${first%%:*} took ${t1}s, ${left}s" \
+      "left): cat-sequential left out"
+  else
+    only=ct200-stage,cat-parallel,ct200-verify
+    loud "${second%%:*}: no time for every contender (${first%%:*} took ${t1}s, ${left}s" \
+      "left): only ct200-stage, cat-parallel and ct200-verify"
+  fi
+  bench "${second%%:*}" "${second#*:}" "$only" "$left" || rc=$?
+  loud "done in $(($(date +%s) - start))s, exit $rc; results under $OUT"
+  return "$rc"
+}
+
+# Everything on stdout and in run.log; the exit status is main's.
+main 2>&1 | tee -a "$OUT/run.log"
+exit "${PIPESTATUS[0]}"
