@@ -35,6 +35,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
@@ -101,7 +102,7 @@ class _FileState:
     #: Held around each write to the destination file: the kernel serialises writes to one file
     #: anyway (tmpfs takes the inode's rwsem), and threads waiting for it there spin on a CPU;
     #: here they sleep (docs/staging.md, "Where the time goes").
-    write_lock: threading.Lock = field(default_factory=threading.Lock)
+    write_lock: AbstractContextManager[object] = field(default_factory=threading.Lock)
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,7 @@ class ChunkEngine:
         progress: Progress | None = None,
         keep_going: bool = False,
         sync_writes: bool = False,
+        one_writer_per_file: bool = True,
     ) -> None:
         if buffer_size is None:
             buffer_size = DEFAULT_BUFFER if read_mode == "buffered" else DIRECT_BUFFER
@@ -156,6 +158,8 @@ class ChunkEngine:
         self.keep_going = keep_going
         #: fdatasync each chunk before reporting it done (targets on disk; tmpfs needs none).
         self.sync_writes = sync_writes
+        #: False only to measure what the per-file write lock buys (benchmarks: ct200-nolock).
+        self.one_writer_per_file = one_writer_per_file
         self._mismatches: list[VerifyError] = []
         self._direct = read_mode != "buffered"
         self._lock = threading.Lock()
@@ -180,6 +184,9 @@ class ChunkEngine:
         self._errors = []
         self._mismatches = []
         states = [_FileState(j, _prefilled(j, self.chunk_size), 0, j.identity) for j in files]
+        if not self.one_writer_per_file:
+            for state in states:
+                state.write_lock = contextlib.nullcontext()
         tasks = self._tasks(states)
         run = _Run(src_root, dst_root, on_file_done, on_chunk_done, states, tasks, EngineResult())
         pending = len(tasks)
@@ -373,7 +380,7 @@ class ChunkEngine:
         end: int,
         sha: Hasher | None,
         dst_fd: int,
-        write_lock: threading.Lock,
+        write_lock: AbstractContextManager[object],
     ) -> str:
         """Copy bytes pos..end of one chunk (to dst_fd unless -1); return the chunk's hash."""
         start = pos
