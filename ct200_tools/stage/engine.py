@@ -4,6 +4,12 @@ Work is cut into chunks (64 MiB) handed out in file order to a pool of threads, 
 uses every thread and a kill loses only the few files in flight. Each thread reads into its own
 page-aligned buffer, hashes the bytes it holds (verification costs no second pass) and writes the
 same buffer to the destination. Threads suffice: read, write and the hash release the GIL.
+Writes to one destination file take turns on a lock of ours: the kernel runs them one at a time
+anyway (tmpfs holds the inode's rwsem across a write), and a thread that waits for that rwsem
+spins on a CPU while the holder runs, which with many threads per file cost more CPU than the
+copy itself (issue 22; docs/staging.md). copy_file_range, sendfile and splice are not used: the
+bytes would go from the source's page cache to the target without passing through our buffer, so
+what is hashed (a read of our own) would not be what is written.
 
 Reads go through the page cache by default, each thread streaming a run of chunks through one
 descriptor so that readahead keeps the disk busy while the thread hashes and writes; each chunk's
@@ -29,6 +35,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
@@ -92,6 +99,10 @@ class _FileState:
     reads: int = 1
     #: A task of the current read saw the file differ from `identity`.
     changed: bool = False
+    #: Held around each write to the destination file: the kernel serialises writes to one file
+    #: anyway (tmpfs takes the inode's rwsem), and threads waiting for it there spin on a CPU;
+    #: here they sleep (docs/staging.md, "Where the time goes").
+    write_lock: AbstractContextManager[object] = field(default_factory=threading.Lock)
 
 
 @dataclass(frozen=True)
@@ -129,6 +140,7 @@ class ChunkEngine:
         progress: Progress | None = None,
         keep_going: bool = False,
         sync_writes: bool = False,
+        one_writer_per_file: bool = True,
     ) -> None:
         if buffer_size is None:
             buffer_size = DEFAULT_BUFFER if read_mode == "buffered" else DIRECT_BUFFER
@@ -146,6 +158,8 @@ class ChunkEngine:
         self.keep_going = keep_going
         #: fdatasync each chunk before reporting it done (targets on disk; tmpfs needs none).
         self.sync_writes = sync_writes
+        #: False only to measure what the per-file write lock buys (benchmarks: ct200-nolock).
+        self.one_writer_per_file = one_writer_per_file
         self._mismatches: list[VerifyError] = []
         self._direct = read_mode != "buffered"
         self._lock = threading.Lock()
@@ -170,6 +184,9 @@ class ChunkEngine:
         self._errors = []
         self._mismatches = []
         states = [_FileState(j, _prefilled(j, self.chunk_size), 0, j.identity) for j in files]
+        if not self.one_writer_per_file:
+            for state in states:
+                state.write_lock = contextlib.nullcontext()
         tasks = self._tasks(states)
         run = _Run(src_root, dst_root, on_file_done, on_chunk_done, states, tasks, EngineResult())
         pending = len(tasks)
@@ -332,7 +349,9 @@ class ChunkEngine:
             for chunk in range(task.first_chunk, task.last_chunk):
                 pos = chunk * self.chunk_size
                 chunk_end = min(end, pos + self.chunk_size)
-                digests.append(self._chunk(src, view, pos, chunk_end, sha, dst_fd))
+                digests.append(
+                    self._chunk(src, view, pos, chunk_end, sha, dst_fd, state.write_lock)
+                )
                 try:
                     self._check(job, chunk, digests[-1])
                 except VerifyError as exc:
@@ -354,7 +373,14 @@ class ChunkEngine:
         return digests, (sha.hexdigest() if sha is not None else None), src.direct
 
     def _chunk(
-        self, src: _Source, view: memoryview, pos: int, end: int, sha: Hasher | None, dst_fd: int
+        self,
+        src: _Source,
+        view: memoryview,
+        pos: int,
+        end: int,
+        sha: Hasher | None,
+        dst_fd: int,
+        write_lock: AbstractContextManager[object],
     ) -> str:
         """Copy bytes pos..end of one chunk (to dst_fd unless -1); return the chunk's hash."""
         start = pos
@@ -367,7 +393,8 @@ class ChunkEngine:
             if sha is not None:
                 sha.update(data)
             if dst_fd >= 0:
-                _write_call(src.rel, _pwrite_all, dst_fd, data, pos)
+                with write_lock:
+                    _write_call(src.rel, _pwrite_all, dst_fd, data, pos)
             pos += len(data)
             self.progress(len(data))
         src.done(start, end)

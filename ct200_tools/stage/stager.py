@@ -61,6 +61,8 @@ class StageOptions:
     #: None: the engine's choice for the read mode.
     buffer_size: int | None = None
     drop_cache: bool = True
+    #: False only to measure what the engine's per-file write lock buys (benchmarks/stage).
+    one_writer_per_file: bool = True
 
 
 @dataclass(frozen=True)
@@ -244,6 +246,7 @@ class _Stage:
             read_mode=self.opts.read_mode,
             buffer_size=self.opts.buffer_size,
             drop_cache=self.opts.drop_cache,
+            one_writer_per_file=self.opts.one_writer_per_file,
             progress=self.sink.advance,
             sync_writes=sync_writes,
         )
