@@ -63,11 +63,13 @@ def test_layout_names_every_top_level_directory() -> None:
 
 def test_layout_of_the_package_is_the_package() -> None:
     """Every module and subpackage of ct200_tools is named (globs allowed), and every name in
-    the block matches one."""
+    the block matches one. Its entries are the lines indented by two; deeper lines continue an
+    entry's description or name what is inside a subpackage."""
     text = layout()["ct200_tools/"].split("\n", 1)[1]
     names = [
         token
         for line in text.splitlines()
+        if len(line) - len(line.lstrip()) == 2
         for token in re.split(r",\s*", line.strip().split("  ")[0])
         if token
     ]
