@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -42,10 +41,11 @@ from ct200_tools.bootsteps import (
     textfile,
     with_manager,
 )
+from ct200_tools.provisioned import PROVISIONED, playbook_command
 from ct200_tools.serve.systemd import Systemd
 from ct200_tools.serving import ServingSet
 from ct200_tools.spec import SiteSpec
-from ct200_tools.untrusted import UntrustedInputError, load_json, show
+from ct200_tools.untrusted import show
 
 # The steps, their states and the textfile are bootsteps.py's, shared with the host's chain
 # (hostchain.py); they are this module's too.
@@ -75,9 +75,6 @@ __all__ = [
 
 #: The container's report, in the directory node-exporter reads.
 TEXTFILE: Final = f"{TEXTFILE_DIR}/ct200_boot.prom"
-#: Which inventory provisioned this machine, as site.yml recorded it (roles/ct200_tools), so a
-#: printed recover.yml command is complete.
-PROVISIONED: Final = "/etc/ct200/provisioned.json"
 #: The chain's reason when the serving set is empty (`ct200-serve chain` exits NOTHING for it).
 NOTHING_TO_SERVE: Final = "nothing to serve: the serving set is empty"
 
@@ -171,24 +168,8 @@ def ask_doctor(
 
 
 def recover_command(path: str = PROVISIONED) -> str:
-    """The full recover.yml command for this machine, from what site.yml recorded; when it
-    recorded nothing, the command with what to fill in, said plainly."""
-    try:
-        got = load_json(path, "the provisioning record", 64 * 1024, "run site.yml once more")
-    except (UntrustedInputError, OSError):
-        got = None
-    fields = ("checkout", "inventory", "host")
-    if isinstance(got, dict) and all(isinstance(got.get(k), str) and got[k] for k in fields):
-        checkout, inventory, host = (shlex.quote(str(got[k])) for k in fields)
-        return (
-            f"`cd {checkout} && ansible-playbook -i {inventory} playbooks/recover.yml "
-            f"--limit {host}` on the controller"
-        )
-    return (
-        f"on the controller, in your ct200-tools checkout, `ansible-playbook -i INVENTORY "
-        f"playbooks/recover.yml --limit HOST` with the inventory and host that provisioned this "
-        f"machine; it does not know them ({path} is missing or incomplete: site.yml records it)"
-    )
+    """The full recover.yml command for this machine (provisioned.playbook_command)."""
+    return playbook_command("playbooks/recover.yml", path=path)
 
 
 def fix_of(step: Step) -> str:

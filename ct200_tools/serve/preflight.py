@@ -18,6 +18,7 @@ from typing import Final
 
 from ct200_tools import engines
 from ct200_tools.probes.engine import ENGINE_CHILD
+from ct200_tools.provisioned import playbook_command
 from ct200_tools.serve.systemd import Systemd, SystemdError
 from ct200_tools.spec import ModelSpec, ServerSpec, SiteSpec
 
@@ -170,9 +171,9 @@ class Preflight:
             Problem(
                 "config",
                 f"{path} {why}",
-                "run the container playbook (ansible-playbook -i inventory/<site> "
-                "playbooks/container.yml --tags servers): it renders the file, group "
-                f"{engines.SERVICE_USER}",
+                "run the container playbook, "
+                f"{playbook_command('playbooks/container.yml', '--tags', 'servers')}: it "
+                f"renders the file, group {engines.SERVICE_USER}",
             )
         ]
 
