@@ -67,6 +67,12 @@ def stage_status(model: ModelSpec) -> tuple[bool, str]:
     return verdict.ok, verdict.detail
 
 
+def restage_command(model: ModelSpec) -> str:
+    """The command that restages a damaged copy of ``model`` from its persistent copy: the
+    stager's owned-target replace (verified, then swapped in atomically)."""
+    return f"ct200-stage stage {model.name} --spec /etc/ct200/site.yml --replace"
+
+
 def find_program(name: str) -> str | None:
     """Where systemd finds a bare ExecStart= name: its fixed search path, not $PATH."""
     return engines.resolve_program(
@@ -191,7 +197,13 @@ class Preflight:
         for model, why in unstaged:
             unit = engines.stage_unit(model.name)
             state = states.get(unit)
-            if state is not None and state.active == "active":
+            if os.path.lexists(model.staged):
+                # A damaged copy: the unit's stage would refuse to overwrite it (or call a
+                # same-size change "already staged"); the owned-target replace restages it and
+                # refuses a directory ct200-stage did not make.
+                how = f"`{restage_command(model)}` restages it"
+                said = f"its staging unit {unit} is {state.describe() if state else 'unknown'}"
+            elif state is not None and state.active == "active":
                 how = f"`systemctl restart {unit}` restages it"
                 said = f"its staging unit {unit} is active, so it was removed since"
             else:

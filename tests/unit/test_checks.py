@@ -186,7 +186,10 @@ def test_models_staged_after_reboot_names_the_restage(ct200: SiteSpec) -> None:
     assert got.status == "fail"
     assert got.summary == "qwen3.6-27b is missing; qwen3.6-27b-dflash is missing"
     assert got.remediation is not None
-    assert got.remediation.command == "ct200-stage stage qwen3.6-27b --spec /etc/ct200/site.yml"
+    assert (
+        got.remediation.command
+        == "ct200-stage stage qwen3.6-27b --spec /etc/ct200/site.yml --replace"
+    )
     assert got.remediation.where == "container" and got.remediation.tag == "staging"
 
 
@@ -210,7 +213,7 @@ def test_models_staging_in_progress_warns_and_lost_source_says_so(ct200: SiteSpe
     assert got.remediation.command == (
         "ct200-stage verify /tank/models/Qwen3.6-27B "
         "--manifest /var/lib/ct200/manifests/qwen3.6-27b.json && "
-        "ct200-stage stage qwen3.6-27b --spec /etc/ct200/site.yml"
+        "ct200-stage stage qwen3.6-27b --spec /etc/ct200/site.yml --replace"
     )
     assert got.remediation.tag == "staging"
 
