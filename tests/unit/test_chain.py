@@ -169,6 +169,8 @@ def test_read_asks_systemctl_with_argv_lists() -> None:
 
     got = ch.read(SITE, serving_set(SITE, None), Systemd(run))
     assert got.journal == ("gate: no",)
+    # This boot's lines only: an earlier boot's run must not pass for this one's (issue 19).
+    assert "--boot" in calls[-1] and "--unit=ct200-server-tiny.service" in calls[-1]
     assert calls[0][:3] == ["systemctl", "show", "--no-pager"]
     assert calls[0][-2:] == ["ct200-stage@tiny-a.service", "ct200-server-tiny.service"]
 
