@@ -14,10 +14,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from ct200_tools.untrusted import show
+from ct200_tools.untrusted import UntrustedInputError, read_bounded, show
 
 #: Where Debian's prometheus-node-exporter reads textfiles from.
 TEXTFILE_DIR: Final = "/var/lib/prometheus/node-exporter"
+#: The kernel's id of this boot (a new random UUID at every boot, also inside a container): the
+#: textfile carries it, so a file left by an earlier boot can never pass for this boot's.
+BOOT_ID_PATH: Final = "/proc/sys/kernel/random/boot_id"
+_BOOT_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 UNIT_PROPERTIES: Final = (
     "Id",
     "LoadState",
@@ -84,6 +88,11 @@ class Chain:
     journal: tuple[str, ...] = field(default=())
     #: Whose chain: the container's (stages, servers) or the PVE host's (its boot units).
     machine: str = "container"
+    #: This boot's id (BOOT_ID_PATH); "" when it could not be read.
+    boot_id: str = ""
+    #: Why there is no chain to judge (the spec unreadable, systemd not answering, nothing to
+    #: serve); never ok when set.
+    reason: str = ""
 
     @property
     def stopped(self) -> Step | None:
@@ -92,7 +101,7 @@ class Chain:
 
     @property
     def ok(self) -> bool:
-        return self.stopped is None
+        return self.stopped is None and not self.reason
 
     @property
     def serving_s(self) -> float | None:
@@ -107,6 +116,8 @@ class Chain:
         return {
             "ok": self.ok,
             "machine": self.machine,
+            "boot_id": self.boot_id,
+            "reason": self.reason,
             "serving": list(self.serving),
             "source": self.source,
             "boot_seconds": self.boot_s,
@@ -130,6 +141,15 @@ class Chain:
             ],
             "journal": list(self.journal),
         }
+
+
+def boot_id(path: str = BOOT_ID_PATH) -> str:
+    """This boot's id, or "" when it cannot be read or is not a UUID (never a guess)."""
+    try:
+        text = read_bounded(path, "the boot id", 128, "").decode("ascii", "replace").strip()
+    except (UntrustedInputError, OSError):
+        return ""
+    return text if _BOOT_ID.match(text) else ""
 
 
 def since(props: Mapping[str, str], key: str, zero: int) -> float | None:
@@ -244,6 +264,18 @@ def textfile(chain: Chain, now: float) -> str:
         f"# HELP ct200_boot_chain_ok 1 when every step of {whose} is good.",
         "# TYPE ct200_boot_chain_ok gauge",
         f"ct200_boot_chain_ok {int(chain.ok)}",
+        "# HELP ct200_boot_report_info The boot this report is of (boot_id: "
+        f"{BOOT_ID_PATH}; empty: unreadable); a file of an earlier boot has another id.",
+        "# TYPE ct200_boot_report_info gauge",
+        f'ct200_boot_report_info{{machine="{chain.machine}",boot_id="{_label(chain.boot_id)}"}} 1',
+    ]
+    if chain.reason:
+        lines += [
+            "# HELP ct200_boot_chain_reason Why there is no chain to judge (absent: there is).",
+            "# TYPE ct200_boot_chain_reason gauge",
+            f'ct200_boot_chain_reason{{reason="{_label(show(chain.reason, 300))}"}} 1',
+        ]
+    lines += [
         "# HELP ct200_boot_step_state The state of a boot chain step (1 for its state).",
         "# TYPE ct200_boot_step_state gauge",
     ]

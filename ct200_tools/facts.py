@@ -235,6 +235,8 @@ class TreeEntry:
     #: Why it is not a plain file: "a symlink to a directory", "not a regular file", the
     #: error of stat(), or "cannot list it: ..." for a folder that could not be read.
     problem: str | None = None
+    #: (st_ino, st_size, st_mtime_ns, st_ctime_ns) of the file, compared with the marker's.
+    identity: tuple[int, ...] | None = field(default=None, metadata={"omit_default": True})
 
 
 @dataclass(frozen=True)
@@ -265,6 +267,11 @@ class MarkerFacts:
     staged_at: str = ""
     files: int = 0
     bytes: int = 0
+    #: Each file's (st_ino, st_size, st_mtime_ns, st_ctime_ns) as staged (stage/tree.Marker);
+    #: None for a marker of an older ct200-stage.
+    identities: dict[str, tuple[int, ...]] | None = field(
+        default=None, metadata={"omit_default": True}
+    )
 
 
 @dataclass(frozen=True)

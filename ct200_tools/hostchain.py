@@ -33,6 +33,7 @@ from ct200_tools.bootsteps import (
     UNIT_PROPERTIES,
     Chain,
     Step,
+    boot_id,
     parse_blocks,
     stop_lines,
     table,
@@ -83,34 +84,45 @@ def build(
 ) -> Chain:
     """The host's chain from `systemctl show` blocks of its units (in order) and the manager's."""
     steps, boot_s = with_manager(order, units, manager)
-    return Chain((), "", steps, boot_s, machine="host")
+    return Chain((), "", steps, boot_s, machine="host", boot_id=boot_id())
 
 
 def fix_of(step: Step) -> str:
-    """What to do on the host about the step where its chain stopped (docs/runbook.md, step 1)."""
+    """What to do on the host about the step where its chain stopped (docs/runbook.md, step 1).
+    Each command is whole between backquotes (valid shell, pasted literally); INVENTORY and HOST
+    are the controller's, which the host does not know."""
     unit = step.unit
-    recover = "ansible-playbook -i inventory/<site> playbooks/recover.yml --tags recover_host"
+    controller = "on the controller, in your ct200-tools checkout"
+    recover = (
+        f"{controller}, `ansible-playbook -i INVENTORY playbooks/recover.yml --tags recover_host "
+        "--limit HOST` with the inventory and host name that provisioned this host"
+    )
     if step.state == "masked":
-        return f"systemctl unmask {unit} && systemctl start {unit} (masked: it cannot run at boot)"
+        return (
+            f"masked, so it cannot run at boot: `systemctl unmask {unit} && systemctl start {unit}`"
+        )
     if step.state == "starting":
-        return "it is still starting: wait, then run ct200-host-chain again"
+        return "it is still starting: wait, then run `ct200-host-chain` again"
     if step.detail == "unit not-found":
         return (
-            f"{unit} is not installed: ansible-playbook -i inventory/<site> playbooks/host.yml "
-            "(--limit this host) installs it"
+            f"{unit} is not installed: {controller}, `ansible-playbook -i INVENTORY "
+            "playbooks/host.yml --limit HOST` installs it"
         )
     if step.state == "off":
-        why = "disabled: it did not run at this boot" if "disabled" in step.detail else "not run"
-        return f"systemctl enable --now {unit} ({why}), or {recover}"
+        why = "disabled, it did not run at this boot" if "disabled" in step.detail else "not run"
+        return f"{why}: `systemctl enable --now {unit}`, or {recover}"
     return (
-        f"journalctl -b -u {unit} says why (its last lines are above); fix that, then "
-        f"systemctl restart {unit}, or {recover}"
+        f"`journalctl -b -u {unit}` says why (its last lines are above); fix that, then "
+        f"`systemctl restart {unit}`, or {recover}"
     )
 
 
 def lines(chain: Chain) -> list[str]:
     """The host's chain for people: one line per unit, then where it stopped and what to do."""
-    out = [f"host boot chain: {'ok' if chain.ok else 'STOPPED'}"]
+    out = [
+        f"host boot chain: {'ok' if chain.ok else 'STOPPED'}",
+        f"  boot id {chain.boot_id or 'unknown'}",
+    ]
     if chain.boot_s is not None:
         out.append(f"  host booted in {chain.boot_s:.1f} s (systemd)")
     return out + table(chain) + stop_lines(chain, fix_of)
@@ -141,6 +153,15 @@ def read(order: Sequence[tuple[str, str, str]], run: Run = run_argv, journal: in
     return dataclasses.replace(chain, journal=tuple(tail))
 
 
+def _write(path: str, chain: Chain) -> bool:
+    try:
+        write_atomic(path, textfile(chain, time.time()))
+    except OSError as exc:
+        print(f"ct200-host-chain: cannot write {path}: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="ct200-host-chain",
@@ -162,20 +183,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         order = [parse_step(s) for s in args.step]
         if not order:
             raise BadInput("no --step given: name the host's boot units (NAME=UNIT)")
-    except BadInput as exc:
-        print(f"ct200-host-chain: {exc}", file=sys.stderr)
-        return Exit.BAD_INPUT
-    try:
         chain = read(order)
-    except SystemdError as exc:
+    except (BadInput, SystemdError) as exc:
         print(f"ct200-host-chain: {exc}", file=sys.stderr)
-        return Exit.BROKE
-    if args.textfile:
-        try:
-            write_atomic(args.textfile, textfile(chain, time.time()))
-        except OSError as exc:
-            print(f"ct200-host-chain: cannot write {args.textfile}: {exc}", file=sys.stderr)
+        # This boot's report says why there is none: the last boot's file must not stand.
+        why = "bad input" if isinstance(exc, BadInput) else "systemd could not be asked"
+        failed = Chain((), "", (), None, machine="host", boot_id=boot_id(), reason=f"{why}: {exc}")
+        if args.textfile and not _write(args.textfile, failed):
             return Exit.BROKE
+        return Exit.BAD_INPUT if isinstance(exc, BadInput) else Exit.BROKE
+    if args.textfile and not _write(args.textfile, chain):
+        return Exit.BROKE
     if args.json:
         print(json.dumps(chain.to_dict(), indent=1))
     else:

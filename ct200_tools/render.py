@@ -116,6 +116,8 @@ def unit_fields(
                 str(engines.ready_timeout(site, s)),
             ]
         ),
+        # Once it serves, its start limit and restart counter start again (see the template).
+        "served": engines.exec_line([engines.SYSTEMCTL, "reset-failed", engines.unit_name(s.name)]),
         "start_timeout": engines.start_timeout(site, s),
         "start_timeout_default": s.start_timeout is None,
         "stop_timeout": engines.STOP_TIMEOUT,

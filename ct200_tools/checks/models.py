@@ -21,9 +21,10 @@ from ct200_tools.spec import ModelSpec
 
 def _stage_fix(m: ModelSpec) -> Remedy:
     return Remedy(
-        f"restage {m.name} from its persistent copy {m.source} (verified, atomic)",
+        f"restage {m.name} from its persistent copy {m.source} (verified, then swapped in "
+        "atomically; --replace only ever replaces a copy ct200-stage made)",
         "container",
-        f"ct200-stage stage {m.name} --spec /etc/ct200/site.yml",
+        f"ct200-stage stage {m.name} --spec /etc/ct200/site.yml --replace",
         "staging",
     )
 
@@ -46,7 +47,7 @@ def _sort(models: list[ModelSpec], found: dict[str, ModelFacts]) -> _Sorted:
             if v is not None and v.detail:
                 out.evidence.append(f"{m.name}: unreadable: {v.detail}")
             continue
-        how = "re-hashed" if v.deep else "marker and sizes"
+        how = "re-hashed" if v.deep else "marker, sizes and change times"
         out.evidence.append(f"{m.name}: {v.state} ({how}): {v.detail}")
         if v.state == "staged":
             continue
@@ -69,8 +70,13 @@ def _sort(models: list[ModelSpec], found: dict[str, ModelFacts]) -> _Sorted:
 )
 def check_staged(ctx: Context) -> Outcome:
     """Every model a serving server serves (and its declared draft model) is staged by
-    ct200-stage: a marker naming the manifest, every file at its size, and with --deep every
-    chunk re-hashed. The serving servers are those of the serving set
+    ct200-stage: a marker naming the manifest, every file at its size and with the inode, mtime
+    and ctime the stager recorded when it published the copy (any write moves ctime, which no
+    user can set back, so a same-size change fails too: "changed since it was staged ...:
+    content not trusted", one stat per file, content not re-read), and with --deep every chunk
+    re-hashed. A marker of an older ct200-stage has no change times: sizes only, and the pass
+    says so. The fix restages with `ct200-stage stage NAME --replace`, which swaps out only a
+    copy ct200-stage made. The serving servers are those of the serving set
     (/var/lib/ct200/serving.json) when there is one, else the spec's enabled servers; a gate or
     `check --server NAME` judges that server's model and draft only. A partial tree with a
     running stage is a warning; a missing persistent copy says so, since staging never creates
@@ -99,7 +105,7 @@ def check_staged(ctx: Context) -> Outcome:
                 "then stage it",
                 "container",
                 f"ct200-stage verify {m.source} --manifest {manifest} && "
-                f"ct200-stage stage {m.name} --spec /etc/ct200/site.yml",
+                f"ct200-stage stage {m.name} --spec /etc/ct200/site.yml --replace",
                 "staging",
             )
         return failed("; ".join(why for _, why in s.bad), remedy, *s.evidence)

@@ -420,12 +420,37 @@ def _judge_unit(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
                 restarts,
             )
         return _ok(f"{name} is {unit_state(u)}" + (f", {restarts}" if restarts else ""))
+    last = f"last exit status {u.exec_main_status}" if u.exec_main_status is not None else ""
+    if u.active_state in ("activating", "reloading") and u.sub_state == "auto-restart":
+        # Between a failure and its restart: not loading, not serving.
+        said = ", ".join(x for x in (f"restart {(u.n_restarts or 0) + 1}", last) if x)
+        return _bad(
+            f"{name} is restarting after a failure ({said}): it does not serve now",
+            Remedy("read why it failed; systemd restarts it by itself", where(ctx), journal),
+            restarts,
+            warn=True,
+        )
     if u.active_state in ("activating", "reloading"):
         return _bad(
             f"{name} is starting: {unit_state(u)}",
             Remedy("wait for it to serve (a big model loads for minutes)", where(ctx), journal),
             restarts,
             warn=True,
+        )
+    looped = u.active_state == "failed" and (u.n_restarts or 0) >= engines.START_LIMIT_BURST
+    if u.result == "start-limit-hit" or looped:
+        # Each start that served reset the count (the unit's last ExecStartPost=): these starts
+        # failed in a row. A crash loop, stopped by systemd's start limit.
+        said = ", ".join(x for x in (f"{u.n_restarts} restarts" if u.n_restarts else "", last) if x)
+        return _bad(
+            f"{name} is in a crash loop: its starts failed in a row without serving and systemd "
+            f"stopped restarting it ({unit_state(u)}" + (f"; {said}" if said else "") + ")",
+            Remedy(
+                "read why its starts failed in its journal (its start gate says which check "
+                "stopped it), fix that, then clear the start limit and start it",
+                where(ctx),
+                f"{journal}\nsystemctl reset-failed {name} && systemctl start {name}",
+            ),
         )
     if u.active_state == "failed" or (u.result and u.result != "success"):
         return _bad(
@@ -449,8 +474,12 @@ def _judge_unit(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
 def check_unit(ctx: Context) -> Outcome:
     """The server's systemd unit ct200-server-NAME.service is active (running), as
     `systemctl show` gives it (ActiveState, SubState, Result, NRestarts). A unit still starting
-    (activating: its gate, the model load or the readiness poll) is a warning; a failed one names
-    its result (exit-code, start-limit-hit, timeout) and the journal to read. When its gate
+    (activating: its gate, the model load or the readiness poll) is a warning, and one between a
+    failure and its automatic restart (auto-restart) says it is restarting, with the restart
+    number and the last exit status; a failed one names its result (exit-code, timeout) and the
+    journal to read. A unit failed after START_LIMIT_BURST restarts (or start-limit-hit) is named
+    a crash loop with the last exit status: each start that served reset the count (the unit's
+    last ExecStartPost=), so these starts failed in a row. When its gate
     failed on device nodes, CUDA, a model that is not staged, a missing engine or a taken port,
     that check is the root cause."""
     return _each(ctx, _judge_unit)

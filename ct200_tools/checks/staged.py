@@ -18,9 +18,16 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import Literal, cast, get_args
 
-from ct200_tools.facts import ManifestFacts, ModelFacts, RehashedFile, StagedTreeFacts
+from ct200_tools.facts import (
+    ManifestFacts,
+    ModelFacts,
+    RehashedFile,
+    StagedTreeFacts,
+    TreeEntry,
+)
 from ct200_tools.stage.errors import SourceError
 from ct200_tools.stage.manifest import FileEntry, Manifest, compare_to_source
+from ct200_tools.stage.target import changed_message
 
 StageState = Literal["staged", "missing", "partial", "unmarked", "mismatch", "unreadable"]
 #: A verdict lists at most this many differences (and says how many more there are).
@@ -131,9 +138,47 @@ def _against_manifest(t: StagedTreeFacts, m: ManifestFacts, found: StageVerdict)
                 "match the manifest"
             )
             return _with_errors(found, "mismatch", head, bad)
-    how = "every chunk re-hashed" if t.rehashed is not None else "marker, manifest and sizes match"
+    recorded = (t.marker.identities or {}) if t.marker is not None else {}
+    # Re-hashed (--deep), the content itself was judged; otherwise a file changed since staging
+    # (its ctime moved) is not trusted, whatever its size.
+    changed = changed_files(recorded, entries) if t.rehashed is None else ()
+    if changed:
+        more = f" (and {len(changed) - 1} more files)" if len(changed) > 1 else ""
+        head = f"{t.path}/{changed[0]}{more}"
+        return _with_errors(found, "mismatch", head, changed[1:])
+    n = len(m.files)
+    if t.rehashed is not None:
+        how = "every chunk re-hashed"
+    elif recorded:
+        # Exactly what was checked: a write moves ctime, but the bytes were not read again.
+        how = (
+            f"sizes and change times of {n} files as staged; content not re-hashed: "
+            f"ct200-stage verify {t.path} re-hashes"
+        )
+    else:
+        how = (
+            f"sizes of {n} files as staged (marker of an older ct200-stage: no change times); "
+            f"content not re-hashed: ct200-stage verify {t.path} re-hashes"
+        )
     detail = f"staged {found.staged_at} from {found.source}; {how}"
     return replace(found, state="staged", detail=detail)
+
+
+def changed_files(
+    recorded: dict[str, tuple[int, ...]], entries: tuple[TreeEntry, ...]
+) -> tuple[str, ...]:
+    """Files whose identity now is not the one the marker recorded at staging (a write moves
+    ctime, which no user can set back; a replacement is another inode)."""
+    now = {e.path: e.identity for e in entries}
+    out = []
+    for rel, was in sorted(recorded.items()):
+        got = now.get(rel)
+        if got is None or len(got) != 4 or len(was) != 4:
+            continue  # missing files are the listing's to name; an odd record is ignored
+        if tuple(got) != tuple(was):
+            a, b = (got[0], got[1], got[2], got[3]), (was[0], was[1], was[2], was[3])
+            out.append(changed_message(rel, b, a))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,8 @@ Inside each server unit (not for people):
 The serving set lives in /var/lib/ct200/serving.json; without it the spec's enabled flags rule.
 Exit codes: 0 done, 1 failed (switch: the previous set serves again), 2 bad input or refused
 before any change, 3 the tool itself broke, 4 a switch failed and the previous set does not
-serve again (the report names what does not).
+serve again (the report names what does not), 5 (chain, smoke) nothing to serve: the serving
+set is empty.
 """
 SCHEMA_VERSION = 1
 
@@ -49,6 +50,7 @@ class Exit(enum.IntEnum):
     BAD_INPUT = 2
     INTERNAL = 3
     NOT_RESTORED = 4
+    NOTHING = 5
 
 
 def _load(spec_path: str | None) -> SiteSpec:
@@ -259,33 +261,29 @@ def chain(
     """Where the boot chain got to: each stage and server of the serving set in start order,
     its state and times since the container started, and the step where it stopped.
     Exit 0 serving (with --smoke: and each server answered), 1 stopped (or still starting), or
-    a server did not answer the smoke test."""
+    a server did not answer the smoke test, 5 nothing to serve (the serving set is empty). With
+    --textfile the file is written whatever fails (the spec unreadable: chain_ok 0 with the
+    reason, then exit 2), with this boot's id."""
     import time  # noqa: PLC0415
 
     from ct200_tools import serving  # noqa: PLC0415
-    from ct200_tools.fsutil import write_atomic  # noqa: PLC0415
     from ct200_tools.serve import chain as ch  # noqa: PLC0415
     from ct200_tools.serve.smoke import smoke as run_smoke  # noqa: PLC0415
     from ct200_tools.serve.systemd import Systemd  # noqa: PLC0415
     from ct200_tools.spec import find_spec  # noqa: PLC0415
 
-    site = _load(spec_path)
-    chosen = serving.current(site)
-    got = ch.read(site, chosen, Systemd())
+    try:
+        site = _load(spec_path)
+        chosen = serving.current(site)
+        got = ch.read(site, chosen, Systemd())
+    except (SpecError, ServingError, SystemdError) as exc:
+        # This boot's report says why there is none, whatever failed: the last boot's file must
+        # not stand as this one's. Then main() prints the error and exits 2.
+        if textfile:
+            _write_textfile(textfile, ch.unreadable(_unreadable_reason(exc), ch.boot_id()))
+        raise
     if textfile:
-        # Exit 3, not main()'s 1 for OSError: ct200-boot-report.service counts 1 (stopped) as
-        # success, and the last boot's file would stand as this one's.
-        try:
-            write_atomic(textfile, ch.textfile(got, time.time()))
-        except OSError as exc:
-            why = exc.strerror or str(exc)
-            _fail(
-                [
-                    f"ct200-serve: cannot write {textfile}: {why}",
-                    "  fix: make its directory a writable directory with free space",
-                ],
-                Exit.INTERNAL,
-            )
+        _write_textfile(textfile, got)
     path = find_spec(spec_path).path
     gated, doctor_lines = (
         ch.ask_doctor(site, chosen, got, str(path)) if doctor and path else (None, [])
@@ -312,7 +310,7 @@ def chain(
         )
         _emit("chain", ok, {**got.to_dict(), "doctor": doctor_lines, "smoke": smoke_report})
     else:
-        for line in ch.lines(got):
+        for line in ch.lines(got, site):
             click.echo(line)
         if doctor_lines:
             click.echo(f"the doctor on {gated} (ct200-doctor gate {gated}):")
@@ -322,7 +320,43 @@ def chain(
             click.echo(line)
         if textfile:
             click.echo(f"report: {textfile}")
+    if got.reason == ch.NOTHING_TO_SERVE:
+        sys.exit(Exit.NOTHING)
     sys.exit(Exit.OK if ok else Exit.FAILED)
+
+
+def _unreadable_reason(exc: Exception) -> str:
+    """The textfile's reason for a chain that could not be read: the first error, escaped."""
+    from ct200_tools.untrusted import show  # noqa: PLC0415
+
+    if isinstance(exc, SpecError):
+        first = str(exc.issues[0]) if exc.issues else str(exc)
+        return f"spec unreadable: {show(first, 300)}"
+    if isinstance(exc, ServingError):
+        return f"serving set unreadable: {show(exc.message, 300)}"
+    return f"systemd could not be asked: {show(str(exc), 300)}"
+
+
+def _write_textfile(path: str, got: Any) -> None:
+    """Write the chain's textfile; a file that cannot be written is exit 3, not main()'s 1 for
+    OSError: ct200-boot-report.service counts 1 (stopped) as success, and the last boot's file
+    would stand as this one's."""
+    import time  # noqa: PLC0415
+
+    from ct200_tools.fsutil import write_atomic  # noqa: PLC0415
+    from ct200_tools.serve import chain as ch  # noqa: PLC0415
+
+    try:
+        write_atomic(path, ch.textfile(got, time.time()))
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        _fail(
+            [
+                f"ct200-serve: cannot write {path}: {why}",
+                "  fix: make its directory a writable directory with free space",
+            ],
+            Exit.INTERNAL,
+        )
 
 
 @cli.command("wait-ready")
@@ -385,7 +419,8 @@ def smoke(
     as_json: bool,
 ) -> None:
     """Each server NAME... (default: the serving set) answers its readiness path and a real
-    1-token completion through its OpenAI API. Exit 0 all did, 1 one did not."""
+    1-token completion through its OpenAI API. Exit 0 all did, 1 one did not, 5 nothing to
+    serve (the serving set is empty)."""
     from ct200_tools import serving  # noqa: PLC0415
     from ct200_tools.serve.smoke import smoke as run_smoke  # noqa: PLC0415
 
@@ -395,14 +430,22 @@ def smoke(
     else:
         servers = serving.require_known(site, serving.current(site)).servers
     got = run_smoke(servers, timeout, completion_timeout, prompt)
-    ok = all(g.ok for g in got)
+    ok = bool(got) and all(g.ok for g in got)
     if as_json:
-        _emit("smoke", ok, {"servers": [g.to_dict() for g in got]})
+        reason = "" if got else "nothing to serve: the serving set is empty"
+        _emit("smoke", ok, {"servers": [g.to_dict() for g in got], "reason": reason})
     else:
         for line in _smoke_lines(got):
             click.echo(line)
         if not got:
-            click.echo("ct200-serve smoke: the serving set is empty")
+            click.echo("ct200-serve smoke: nothing to serve: the serving set is empty")
+            if site.servers:
+                first = site.servers[0].name
+                click.echo(
+                    f"  fix: choose what this machine serves, e.g. `ct200-serve switch {first}`"
+                )
+    if not got:
+        sys.exit(Exit.NOTHING)
     sys.exit(Exit.OK if ok else Exit.FAILED)
 
 

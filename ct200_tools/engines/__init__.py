@@ -84,11 +84,15 @@ SYSTEMD_PATH: Final = (
 #: The same, as a PATH value for messages.
 SYSTEMD_PATH_TEXT: Final = ":".join(SYSTEMD_PATH)
 
-# Lifecycle. A failed start is retried RESTART_SEC later, at most START_LIMIT_BURST starts in
-# the interval that many starts can take; then the unit stays failed (a bad flag must not reload
-# 595 GB in a loop).
+# Lifecycle. A failure is retried RESTART_SEC later, at most START_LIMIT_BURST starts in the
+# interval that many starts can take; then the unit stays failed (a bad flag must not reload
+# 595 GB in a loop). Each start that serves resets the count (ExecStartPost= `systemctl
+# reset-failed`), so only failed starts in a row count: a server that crashes now and then comes
+# back every time, and a crash loop stops after START_LIMIT_BURST starts.
 RESTART_SEC: Final = 10
 START_LIMIT_BURST: Final = 3
+#: Debian 12 has /bin merged into /usr/bin.
+SYSTEMCTL: Final = "/usr/bin/systemctl"
 STOP_TIMEOUT: Final = 120
 #: Default start timeout, a pessimistic allowance rather than a measurement: a fixed start (the
 #: engine's imports, CUDA graph capture) and 3 s per GiB of weights (tmpfs reads at GB/s; the

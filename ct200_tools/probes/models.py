@@ -160,7 +160,15 @@ def parse_marker(text: str) -> MarkerFacts:
     """A marker's fields, parsed by stage/tree.parse_marker (as ct200-stage reads them); raises
     one of DAMAGED when the text is not a marker."""
     m = tree.parse_marker(text)
-    return MarkerFacts(m.manifest_digest, m.name, m.source, m.staged_at, m.files, m.bytes)
+    return MarkerFacts(
+        m.manifest_digest,
+        m.name,
+        m.source,
+        m.staged_at,
+        m.files,
+        m.bytes,
+        dict(m.identities) or None,
+    )
 
 
 def manifest_facts(m: Manifest, chunks: bool) -> ManifestFacts:
@@ -208,7 +216,7 @@ def _entry(r: Reader, rel: str, full: str, top: bool) -> tuple[TreeEntry | None,
         return TreeEntry(rel, problem=error), False
     if not stat.S_ISREG(st.st_mode):
         return TreeEntry(rel, problem="not a regular file"), False
-    return TreeEntry(rel, size=st.st_size), False
+    return TreeEntry(rel, size=st.st_size, identity=tree.file_identity(st)), False
 
 
 def _source_digest(r: Reader, path: str) -> tuple[str | None, str | None]:

@@ -24,6 +24,7 @@ from typing import Final
 
 from ct200_tools import engines as engine
 from ct200_tools.bootsteps import (
+    BOOT_ID_PATH,
     MANAGER_PROPERTIES,
     OK,
     STATES,
@@ -31,6 +32,7 @@ from ct200_tools.bootsteps import (
     UNIT_PROPERTIES,
     Chain,
     Step,
+    boot_id,
     failed_command,
     parse_blocks,
     step_of,
@@ -39,13 +41,16 @@ from ct200_tools.bootsteps import (
     textfile,
     with_manager,
 )
+from ct200_tools.provisioned import PROVISIONED, playbook_command
 from ct200_tools.serve.systemd import Systemd
 from ct200_tools.serving import ServingSet
 from ct200_tools.spec import SiteSpec
+from ct200_tools.untrusted import show
 
 # The steps, their states and the textfile are bootsteps.py's, shared with the host's chain
 # (hostchain.py); they are this module's too.
 __all__ = [
+    "BOOT_ID_PATH",
     "MANAGER_PROPERTIES",
     "OK",
     "STATES",
@@ -54,6 +59,7 @@ __all__ = [
     "Chain",
     "Step",
     "ask_doctor",
+    "boot_id",
     "build",
     "doctor_gate",
     "failed_command",
@@ -69,6 +75,8 @@ __all__ = [
 
 #: The container's report, in the directory node-exporter reads.
 TEXTFILE: Final = f"{TEXTFILE_DIR}/ct200_boot.prom"
+#: The chain's reason when the serving set is empty (`ct200-serve chain` exits NOTHING for it).
+NOTHING_TO_SERVE: Final = "nothing to serve: the serving set is empty"
 
 
 def plan(site: SiteSpec, chosen: ServingSet) -> list[tuple[str, str, str]]:
@@ -88,7 +96,14 @@ def build(
     """The chain from `systemctl show` blocks of plan()'s units (in its order) and of the
     manager."""
     steps, boot_s = with_manager(plan(site, chosen), units, manager)
-    return Chain(chosen.names, chosen.source, steps, boot_s)
+    reason = "" if chosen.servers else NOTHING_TO_SERVE
+    return Chain(chosen.names, chosen.source, steps, boot_s, reason=reason)
+
+
+def unreadable(reason: str, boot: str) -> Chain:
+    """The chain when it cannot be read at all (the spec unreadable, systemd not answering):
+    not ok, with the reason, so the textfile is still this boot's and says so."""
+    return Chain((), "", (), None, boot_id=boot, reason=reason)
 
 
 def read(site: SiteSpec, chosen: ServingSet, systemd: Systemd, journal_lines: int = 15) -> Chain:
@@ -96,7 +111,9 @@ def read(site: SiteSpec, chosen: ServingSet, systemd: Systemd, journal_lines: in
     units = [unit for _, _, unit in plan(site, chosen)]
     blocks = parse_blocks(systemd.show_text(units, UNIT_PROPERTIES)) if units else []
     manager = parse_blocks(systemd.show_text([], MANAGER_PROPERTIES))
-    chain = build(site, chosen, blocks, manager[0] if manager else {})
+    chain = dataclasses.replace(
+        build(site, chosen, blocks, manager[0] if manager else {}), boot_id=boot_id()
+    )
     stopped = chain.stopped
     if stopped is None or stopped.state not in ("failed", "starting"):
         return chain
@@ -150,23 +167,30 @@ def ask_doctor(
 # -- the report ---------------------------------------------------------------------------------
 
 
+def recover_command(path: str = PROVISIONED) -> str:
+    """The full recover.yml command for this machine (provisioned.playbook_command)."""
+    return playbook_command("playbooks/recover.yml", path=path)
+
+
 def fix_of(step: Step) -> str:
-    """What to do about the step where the chain stopped (docs/runbook.md has the rest)."""
+    """What to do about the step where the chain stopped (docs/runbook.md has the rest). Each
+    command is whole between backquotes: pasted literally, it is valid shell."""
+    recover = recover_command()
     if step.state == "masked":
-        return f"systemctl unmask {step.unit} (it was masked: it cannot start at boot)"
+        return (
+            f"it was masked, so it cannot start at boot: `systemctl unmask {step.unit} && "
+            f"systemctl start {step.unit}`"
+        )
     if step.state == "starting":
         return "it is still starting: wait, then run `ct200-serve chain` again"
     if step.kind == "stage":
         return (
-            f"journalctl -u {step.unit} says why; ct200-doctor check (models.staged) names the "
-            f"model; restore its persistent copy, then `systemctl start {step.unit}` or "
-            "ansible-playbook playbooks/recover.yml"
+            f"`journalctl -u {step.unit}` says why; `ct200-doctor check` (models.staged) names "
+            f"the model; restore its persistent copy, then `systemctl reset-failed {step.unit} "
+            f"&& systemctl start {step.unit}`, or {recover}"
         )
     if step.state == "off":
-        return (
-            f"systemctl enable --now {step.unit} (not started at boot), or "
-            "ansible-playbook playbooks/recover.yml"
-        )
+        return f"not started at boot: `systemctl enable --now {step.unit}`, or {recover}"
     at = {
         "gate": "the doctor's gate said no: its message is above",
         "preflight": "its preflight said no: its message is above",
@@ -175,16 +199,34 @@ def fix_of(step: Step) -> str:
     }.get(step.failed_at, step.failed_at)
     return (
         f"{at}; fix what it names, then `systemctl reset-failed {step.unit} && systemctl start "
-        f"{step.unit}` or ansible-playbook playbooks/recover.yml"
+        f"{step.unit}`, or {recover}"
     )
 
 
-def lines(chain: Chain) -> list[str]:
+def reason_fix(site: SiteSpec | None, reason: str) -> str:
+    """What to do when there is no chain to judge."""
+    if reason == NOTHING_TO_SERVE:
+        names = [s.name for s in site.servers] if site is not None else []
+        if not names:
+            return "the site spec has no servers: add one to it, then run site.yml"
+        return f"choose what this machine serves, e.g. `ct200-serve switch {names[0]}`"
+    return "fix what it names, then `ct200-serve chain` again"
+
+
+def lines(chain: Chain, site: SiteSpec | None = None) -> list[str]:
     """The chain for people: one line per step, then where it stopped and what to do."""
+    boot = f"  boot id {chain.boot_id or 'unknown (' + BOOT_ID_PATH + ' unreadable)'}"
+    if chain.reason:
+        return [
+            f"boot chain: NOT SERVING: {show(chain.reason, 500)}",
+            boot,
+            f"  fix: {reason_fix(site, chain.reason)}",
+        ]
     head = "serving" if chain.ok else "STOPPED"
     src = "serving.json" if chain.source == "serving.json" else "the spec's enabled flags"
     out = [
         f"boot chain: {head}; serving set ({src}): {', '.join(chain.serving) or 'none'}",
+        boot,
     ]
     if chain.boot_s is not None:
         out.append(f"  container booted in {chain.boot_s:.1f} s (systemd)")

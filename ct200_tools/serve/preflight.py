@@ -18,6 +18,7 @@ from typing import Final
 
 from ct200_tools import engines
 from ct200_tools.probes.engine import ENGINE_CHILD
+from ct200_tools.provisioned import playbook_command
 from ct200_tools.serve.systemd import Systemd, SystemdError
 from ct200_tools.spec import ModelSpec, ServerSpec, SiteSpec
 
@@ -64,6 +65,12 @@ def stage_status(model: ModelSpec) -> tuple[bool, str]:
     manifest = default_manifest_path(model.name)
     verdict = model_status(model.staged, manifest=manifest if os.path.isfile(manifest) else None)
     return verdict.ok, verdict.detail
+
+
+def restage_command(model: ModelSpec) -> str:
+    """The command that restages a damaged copy of ``model`` from its persistent copy: the
+    stager's owned-target replace (verified, then swapped in atomically)."""
+    return f"ct200-stage stage {model.name} --spec /etc/ct200/site.yml --replace"
 
 
 def find_program(name: str) -> str | None:
@@ -170,9 +177,9 @@ class Preflight:
             Problem(
                 "config",
                 f"{path} {why}",
-                "run the container playbook (ansible-playbook -i inventory/<site> "
-                "playbooks/container.yml --tags servers): it renders the file, group "
-                f"{engines.SERVICE_USER}",
+                "run the container playbook, "
+                f"{playbook_command('playbooks/container.yml', '--tags', 'servers')}: it "
+                f"renders the file, group {engines.SERVICE_USER}",
             )
         ]
 
@@ -190,7 +197,13 @@ class Preflight:
         for model, why in unstaged:
             unit = engines.stage_unit(model.name)
             state = states.get(unit)
-            if state is not None and state.active == "active":
+            if os.path.lexists(model.staged):
+                # A damaged copy: the unit's stage would refuse to overwrite it (or call a
+                # same-size change "already staged"); the owned-target replace restages it and
+                # refuses a directory ct200-stage did not make.
+                how = f"`{restage_command(model)}` restages it"
+                said = f"its staging unit {unit} is {state.describe() if state else 'unknown'}"
+            elif state is not None and state.active == "active":
                 how = f"`systemctl restart {unit}` restages it"
                 said = f"its staging unit {unit} is active, so it was removed since"
             else:

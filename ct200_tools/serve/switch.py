@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from ct200_tools import engines, serving
+from ct200_tools.provisioned import playbook_command
 from ct200_tools.serve.systemd import Systemd, UnitState
 from ct200_tools.serving import ServingError, ServingSet, ServingState
 from ct200_tools.spec import ModelSpec, ServerSpec, SiteSpec
@@ -144,8 +145,9 @@ def plan(
     if missing:
         raise ServingError(
             f"not installed: {', '.join(missing)}",
-            "run the container playbook first (ansible-playbook -i inventory/<site> "
-            "playbooks/container.yml): it installs a unit for every server of the spec",
+            "run the container playbook first, "
+            f"{playbook_command('playbooks/container.yml')}: it installs a unit for every "
+            "server of the spec",
         )
     others = [s for s in site.servers if s.name not in chosen and _running(machine, s)]
     stop = tuple(s for s in others if exact or _in_the_way(s, target))

@@ -103,7 +103,15 @@ class Systemd:
         return rc == 0, err.strip()
 
     def journal(self, unit: str, lines: int = 12) -> list[str]:
-        """The unit's last journal lines of its last run (cat format), for a failure report."""
-        argv = ["journalctl", "--no-pager", "--output=cat", f"--lines={lines}", f"--unit={unit}"]
+        """The unit's last journal lines of this boot (cat format), for a failure report: lines of
+        an earlier boot's run would pass for this one's."""
+        argv = [
+            "journalctl",
+            "--no-pager",
+            "--output=cat",
+            "--boot",
+            f"--lines={lines}",
+            f"--unit={unit}",
+        ]
         rc, out, _ = self.run(argv, QUICK_S)
         return out.splitlines()[-lines:] if rc == 0 else []

@@ -25,6 +25,7 @@ from ct200_tools.stage import capacity, tree
 from ct200_tools.stage.engine import ChunkEngine, FileJob, ReadMode
 from ct200_tools.stage.errors import RefusedError, SourceError, VerifyError
 from ct200_tools.stage.hashing import default_algorithm
+from ct200_tools.stage.identity import settled, stat_identity
 from ct200_tools.stage.lock import target_lock
 from ct200_tools.stage.manifest import (
     DEFAULT_CHUNK_SIZE,
@@ -306,7 +307,11 @@ class _Stage:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self.partial, tree.OWNER_NAME))  # the marker says it now
         tree.write_marker(
-            self.partial, self.manifest, self.src, os.path.abspath(self.manifest_path)
+            self.partial,
+            self.manifest,
+            self.src,
+            os.path.abspath(self.manifest_path),
+            self._identities(),
         )
         fsync_dir(self.partial)
         if self.replacing and os.path.lexists(self.dst):
@@ -315,6 +320,19 @@ class _Stage:
         else:
             os.rename(self.partial, self.dst)
         fsync_dir(os.path.dirname(self.dst))
+
+    def _identities(self) -> dict[str, tuple[int, int, int, int]]:
+        """Each file's identity as published, once no write in the same clock tick as its last
+        one could keep its ctime (identity.settled): a later write always shows. The tree's
+        rename into place moves no file's ctime."""
+        assert self.manifest is not None  # noqa: S101
+        rels = [e.path for e in self.manifest.files]
+        paths = [os.path.join(self.partial, rel) for rel in rels]
+        settled_ids = settled(paths, [stat_identity(p) for p in paths])
+        return {
+            rel: (i.ino, i.size, i.mtime_ns, i.ctime_ns)
+            for rel, i in zip(rels, settled_ids, strict=True)
+        }
 
     def _clean_leftovers(self) -> None:
         # The old tree after a swap, or a partial tree nobody needs now; only ever ours.

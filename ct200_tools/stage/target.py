@@ -119,7 +119,39 @@ def check_staged(dst: str) -> tuple[str | None, str | None]:
         compare_to_source(manifest, scan_tree(dst), dst, "the copy")
     except SourceError as exc:
         return manifest.digest, "; ".join(exc.details[:3]) or exc.message
+    changed = changed_since_staged(dst, marker.identities)
+    if changed:
+        return manifest.digest, "; ".join(changed[:3])
     return manifest.digest, None
+
+
+def changed_since_staged(root: str, identities: dict[str, tuple[int, int, int, int]]) -> list[str]:
+    """The files whose identity (inode, size, mtime, ctime) is not what the marker recorded at
+    staging: written or replaced since (same size included), so their content is not trusted."""
+    out = []
+    for rel, recorded in sorted(identities.items()):
+        try:
+            now = tree.file_identity(os.stat(os.path.join(root, rel)))
+        except OSError as exc:
+            out.append(f"{rel}: {exc.strerror or exc}")
+            continue
+        if now != recorded:
+            out.append(changed_message(rel, recorded, now))
+    return out
+
+
+def changed_message(
+    rel: str, recorded: tuple[int, int, int, int], now: tuple[int, int, int, int]
+) -> str:
+    what = "replaced (another inode)" if now[0] != recorded[0] else f"ctime {_ns(now[3])}"
+    return (
+        f"{rel}: changed since it was staged ({what}, staged at ctime {_ns(recorded[3])}): "
+        "content not trusted"
+    )
+
+
+def _ns(value: int) -> str:
+    return f"{value // 1_000_000_000}.{value % 1_000_000_000:09d}"
 
 
 def staged_digest(dst: str) -> str | None:

@@ -22,7 +22,7 @@ import os
 import shutil
 import socket
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ct200_tools import __version__
 from ct200_tools.fsutil import fsync_dir, write_atomic
@@ -106,9 +106,23 @@ class Marker:
     bytes: int
     #: The source's manifest it was staged with, so that a restage command can be printed whole.
     manifest_path: str = ""
+    #: Each published file's (st_ino, st_size, st_mtime_ns, st_ctime_ns) as staged: any later
+    #: write moves its ctime, which no user can set back, so one stat per file tells a copy
+    #: changed since staging (same size included) without re-hashing it. Empty: an older marker.
+    identities: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
 
 
-def write_marker(tree: str, manifest: Manifest, source: str, manifest_path: str = "") -> Marker:
+def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def write_marker(
+    tree: str,
+    manifest: Manifest,
+    source: str,
+    manifest_path: str = "",
+    identities: dict[str, tuple[int, int, int, int]] | None = None,
+) -> Marker:
     marker = Marker(
         manifest.digest,
         manifest.name,
@@ -117,6 +131,7 @@ def write_marker(tree: str, manifest: Manifest, source: str, manifest_path: str 
         len(manifest.files),
         manifest.total_bytes,
         manifest_path,
+        dict(identities or {}),
     )
     body = {"kind": MARKER_KIND, **marker.__dict__, "host": socket.gethostname()}
     body["tool"] = f"ct200-tools {__version__}"
@@ -153,7 +168,20 @@ def parse_marker(text: str | bytes) -> Marker:
         int(raw.get("files", 0)),
         int(raw.get("bytes", 0)),
         str(raw.get("manifest_path", "")),
+        _identities(raw.get("identities", {})),
     )
+
+
+def _identities(raw: object) -> dict[str, tuple[int, int, int, int]]:
+    """The marker's file identities; ValueError when present but not {path: [4 ints]}."""
+    if not isinstance(raw, dict):
+        raise ValueError("its identities are not an object")
+    out: dict[str, tuple[int, int, int, int]] = {}
+    for path, value in raw.items():
+        if not isinstance(value, list) or len(value) != 4 or not all(type(v) is int for v in value):
+            raise ValueError(f"its identity of {path!r} is not four integers")
+        out[str(path)] = (value[0], value[1], value[2], value[3])
+    return out
 
 
 @dataclass

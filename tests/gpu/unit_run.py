@@ -264,7 +264,9 @@ def drive(args: argparse.Namespace, scratch: Path, report: dict[str, Any]) -> No
     )
     report["main_pid"] = proc.pid
     try:
-        (post,) = directives(files.unit, "ExecStartPost")
+        # The first is the readiness wait; the second (`systemctl reset-failed` of the unit, once
+        # it serves) needs the real systemd and is left out here.
+        post = directives(files.unit, "ExecStartPost")[0]
         post_argv = [w.replace("$MAINPID", str(proc.pid)) for w in unquote(post)]
         report["exec_start_post"] = run(
             post_argv, {**os.environ, **env, "MAINPID": str(proc.pid)}, 600

@@ -190,7 +190,11 @@ def test_verify_and_status_catch_damage_in_the_staged_copy(tmp_path: Path, shm: 
     with open(shard, "r+b") as fh:
         fh.seek(300_000)
         fh.write(b"\x00\x01\x02")
-    assert model_status(str(dst)).state == "staged"  # sizes still match: only deep can tell
+    # Sizes still match, but the write moved the file's ctime (tmpfs keeps it too): one stat
+    # tells, without re-hashing (issue 19).
+    quick = model_status(str(dst))
+    assert quick.state == "mismatch", quick
+    assert f"{shard.name}: changed since it was staged (ctime " in quick.detail
     deep = model_status(str(dst), deep=True)
     assert deep.state == "mismatch" and any(shard.name in e for e in deep.errors)
     with pytest.raises(VerifyError):

@@ -183,7 +183,9 @@ def test_a_boot_unit_stopped_from_running_stops_the_chain_there(
     assert STOPPED in b.textfile, b.textfile
     journal = b.report_journal
     assert f"stopped at: host host-devices ({DEVICES}): off" in journal, journal
-    assert f"fix: systemctl enable --now {DEVICES} (disabled" in journal, journal
+    assert f"fix: disabled, it did not run at this boot: `systemctl enable --now {DEVICES}`" in (
+        journal
+    ), journal
     assert b.chain_rc == 1, b.chain
     assert b.chain["stopped_at"] == {"kind": "host", "name": "host-devices", "unit": DEVICES}
     # The step after it ran: only the disabled link is named.
@@ -225,5 +227,5 @@ def test_a_failed_boot_unit_shows_failed_with_its_reason(host_chain_run: HostCha
     journal = f.report_journal
     assert f"stopped at: host host-devices ({DEVICES}): failed" in journal, journal
     assert reason in journal, journal  # this boot's journal lines of the failed unit
-    assert f"fix: journalctl -b -u {DEVICES} says why" in journal, journal
+    assert f"fix: `journalctl -b -u {DEVICES}` says why" in journal, journal
     assert f.chain_rc == 1 and f.chain["stopped_at"]["name"] == "host-devices", f.chain

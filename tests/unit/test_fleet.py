@@ -83,10 +83,10 @@ def test_a_failing_host_lists_its_root_causes_only_with_fixes_and_counts_consequ
     dev_open, staged = row.roots
     assert dev_open.consequences == ("gpu.cuda_init",) and staged.consequences == ()
     assert (dev_open.where, dev_open.tag) == ("host", "lxc_passthrough")
-    assert staged.command == "ct200-stage stage qwen3.6-27b --spec /etc/ct200/site.yml"
+    assert staged.command == "ct200-stage stage qwen3.6-27b --spec /etc/ct200/site.yml --replace"
     table = render_table([row])
     assert "dev.open: 2 device nodes cannot be opened (+1 consequence)" in table
-    assert "$ ct200-stage stage qwen3.6-27b --spec /etc/ct200/site.yml" in table
+    assert "$ ct200-stage stage qwen3.6-27b --spec /etc/ct200/site.yml --replace" in table
     assert "(playbook tag: staging)" in table
     # The consequence is counted, never shown with a fix of its own.
     assert "gpu.cuda_init" not in table

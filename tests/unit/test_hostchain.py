@@ -113,7 +113,10 @@ def test_a_disabled_unit_did_not_run_and_stops_the_chain_there() -> None:
     out = "\n".join(hc.lines(got))
     assert out.startswith("host boot chain: STOPPED")
     assert "stopped at: host host-devices (ct200-host-devices.service): off" in out
-    assert "fix: systemctl enable --now ct200-host-devices.service (disabled" in out
+    assert (
+        "fix: disabled, it did not run at this boot: "
+        "`systemctl enable --now ct200-host-devices.service`"
+    ) in out
     assert "recover.yml --tags recover_host" in out
 
 
@@ -126,7 +129,7 @@ def test_a_failed_unit_brings_this_boots_journal_and_its_fix() -> None:
     assert "--boot" in calls[-1] and "--unit=ct200-host-devices.service" in calls[-1]
     out = "\n".join(hc.lines(got))
     assert "    ct200-host-devices: cannot load nvidia" in out
-    assert "fix: journalctl -b -u ct200-host-devices.service says why" in out
+    assert "fix: `journalctl -b -u ct200-host-devices.service` says why" in out
 
 
 @pytest.mark.parametrize(
@@ -401,3 +404,16 @@ def test_ct200_host_chain_runs_the_installed_modules_whatever_the_working_direct
     )
     assert "planted code ran" not in proc.stdout
     assert proc.returncode == hc.Exit.BAD_INPUT and "NAME=UNIT" in proc.stderr, proc.stderr
+
+
+def test_a_broken_run_still_rewrites_the_textfile_with_this_boots_id(tmp_path: Path) -> None:
+    """Whatever fails, the host's report is this boot's: the last boot's `chain_ok 1` must not
+    stand (issue 19)."""
+    textfile = tmp_path / "ct200_host_boot.prom"
+    textfile.write_text("ct200_boot_chain_ok 1\n")
+    assert hc.main(["--textfile", str(textfile)]) == hc.Exit.BAD_INPUT
+    text = textfile.read_text()
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert "ct200_boot_chain_ok 0" in text
+    assert 'ct200_boot_chain_reason{reason="bad input: no --step given' in text
+    assert f'ct200_boot_report_info{{machine="host",boot_id="{boot}"}} 1' in text

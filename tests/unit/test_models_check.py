@@ -1,4 +1,5 @@
-"""models.staged on real trees staged by the real ct200-stage: quick (marker and sizes) and
+"""models.staged on real trees staged by the real ct200-stage: quick (marker, sizes and change
+times) and
 --deep (every chunk re-hashed), through the doctor's CLI; the models probe reading through its
 Reader; and the one verdict behind the doctor and `ct200-stage status`."""
 
@@ -8,6 +9,7 @@ import dataclasses
 import io
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -83,27 +85,73 @@ def staged_check(spec: Path, env: dict[str, str], *extra: str) -> dict[str, obje
     return json.loads(r.stdout)["checks"][0]  # type: ignore[no-any-return]
 
 
+def paste(command: str, spec: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The printed fix, pasted into bash as it is; only the spec's path is this test's (the
+    printed one is the machine's, /etc/ct200/site.yml), and ct200-stage is the venv's."""
+    line = command.replace("/etc/ct200/site.yml", shlex.quote(str(spec)))
+    path = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    return subprocess.run(
+        ["bash", "-c", line],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env={**env, "PATH": path},
+    )
+
+
 def test_quick_and_deep(site: tuple[Path, Path, dict[str, str]]) -> None:
-    spec, staged, env = site
+    spec, _staged, env = site
     before = staged_check(spec, env)
     assert before["status"] == "fail"
     assert before["remediation"]["command"] == (  # type: ignore[index]
-        "ct200-stage stage tiny --spec /etc/ct200/site.yml"
+        "ct200-stage stage tiny --spec /etc/ct200/site.yml --replace"
     )
     r = run(
         "ct200_tools.cli.stage", "stage", "tiny", "--spec", str(spec), "--create-manifest", env=env
     )
     assert r.returncode == 0, r.stderr
-    assert staged_check(spec, env)["status"] == "pass"
-    # Same size, one byte flipped: only --deep can tell.
-    shard = staged / "model-00001-of-00003.safetensors"
-    data = bytearray(shard.read_bytes())
-    data[12345] ^= 0xFF
-    shard.write_bytes(bytes(data))
-    assert staged_check(spec, env)["status"] == "pass"
+    good = staged_check(spec, env)
+    assert good["status"] == "pass"
+    assert "sizes and change times of 4 files as staged; content not re-hashed: " in str(
+        good["summary"]
+    ) + " ".join(good["evidence"])  # type: ignore[arg-type]
     deep = staged_check(spec, env, "--deep")
-    assert deep["status"] == "fail"
-    assert "re-hashed" in " ".join(deep["evidence"])  # type: ignore[arg-type]
+    assert deep["status"] == "pass"
+
+
+@pytest.mark.parametrize("damage", ["same-size", "truncated"])
+def test_a_damaged_copy_fails_and_its_printed_fix_repairs_it(
+    site: tuple[Path, Path, dict[str, str]], damage: str
+) -> None:
+    """Issue 19: a same-size change passed the quick check (served silently), and the printed
+    fix (`ct200-stage stage X` without --replace) said "already staged" or refused a truncated
+    copy. Now both fail by one stat per file, and the fix, pasted, restages the copy."""
+    spec, staged, env = site
+    r = run(
+        "ct200_tools.cli.stage", "stage", "tiny", "--spec", str(spec), "--create-manifest", env=env
+    )
+    assert r.returncode == 0, r.stderr
+    shard = staged / "model-00001-of-00003.safetensors"
+    original = shard.read_bytes()
+    data = bytearray(original)
+    if damage == "same-size":
+        data[12345] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    else:
+        shard.write_bytes(bytes(data[: len(data) // 2]))
+    bad = staged_check(spec, env)
+    assert bad["status"] == "fail", bad
+    said = " ".join([str(bad["summary"]), *bad["evidence"]])  # type: ignore[list-item]
+    if damage == "same-size":
+        assert "changed since it was staged (ctime " in said and "content not trusted" in said
+    command = bad["remediation"]["command"]  # type: ignore[index]
+    assert command == "ct200-stage stage tiny --spec /etc/ct200/site.yml --replace"
+    fixed = paste(command, spec, env)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert staged_check(spec, env)["status"] == "pass"
+    assert staged_check(spec, env, "--deep")["status"] == "pass"
+    assert shard.read_bytes() == original
 
 
 # =============================================================================================
@@ -186,7 +234,10 @@ def test_probe_reads_the_machine_through_its_reader(
     assert t.rehashed is None and all(not f.chunks for f in t.manifest.files)  # quick: sizes
     v = stage_verdict(t)
     assert (v.state, v.files_expected, v.bytes_actual) == ("staged", 5, size)
-    assert v.detail.endswith("marker, manifest and sizes match")
+    assert v.detail.endswith(
+        "sizes and change times of 5 files as staged; content not re-hashed: "
+        "ct200-stage verify /dev/shm/models/tiny re-hashes"
+    )
 
 
 def test_deep_rehash_reads_every_byte_through_the_reader(rooted: tuple[Path, ModelSpec]) -> None:
@@ -204,7 +255,10 @@ def test_deep_rehash_reads_every_byte_through_the_reader(rooted: tuple[Path, Mod
     data[CHUNK + 5] ^= 0xFF  # the second chunk
     shard.write_bytes(bytes(data))
     quick = probe_model(Reader(root=root), spec).staged_tree
-    assert quick is not None and stage_verdict(quick).state == "staged"  # sizes still match
+    assert quick is not None
+    # Sizes still match, but the write moved the file's ctime: not trusted without re-hashing.
+    said = stage_verdict(quick)
+    assert said.state == "mismatch" and "changed since it was staged (ctime" in said.detail
     deep = probe_model(Reader(root=root, deep=True), spec).staged_tree
     assert deep is not None
     v = stage_verdict(deep)
@@ -265,11 +319,10 @@ def test_doctor_and_stage_status_give_one_verdict(site: tuple[Path, Path, dict[s
             shard.write_bytes(bytes(data))
         for deep in ((), ("--deep",)):
             row, doctor = both(*deep)
-            how = "re-hashed" if row["deep"] else "marker and sizes"
+            how = "re-hashed" if row["deep"] else "marker, sizes and change times"
             assert f"tiny: {row['state']} ({how}): {row['detail']}" in doctor["evidence"], step
-            want = {"missing": "missing", "staged": "staged"}.get(
-                step, "mismatch" if deep else "staged"
-            )
+            # A same-size change moved the file's ctime: a mismatch without re-hashing too.
+            want = {"missing": "missing", "staged": "staged"}.get(step, "mismatch")
             assert row["state"] == want, (step, deep)
 
 
@@ -285,7 +338,13 @@ GOOD = StagedTreeFacts(
     entries=(TreeEntry("a", 10), TreeEntry("b", 5)),
 )
 VERDICTS: list[tuple[StagedTreeFacts, str, str]] = [
-    (GOOD, "staged", "staged 2026-01-01T00:00:00Z from /tank/m; marker, manifest and sizes match"),
+    (
+        GOOD,
+        "staged",
+        "staged 2026-01-01T00:00:00Z from /tank/m; sizes of 2 files as staged (marker of an older "
+        "ct200-stage: no change times); content not re-hashed: ct200-stage verify "
+        "/dev/shm/models/m re-hashes",
+    ),
     (StagedTreeFacts("/dev/shm/models/m"), "missing", "nothing staged at /dev/shm/models/m"),
     (
         StagedTreeFacts("/dev/shm/models/m", lock_pid=7),

@@ -378,3 +378,77 @@ def test_chain_that_cannot_write_its_textfile_is_broken_not_stopped(
     err = capsys.readouterr().err
     assert exited.value.code == serve.Exit.INTERNAL, err
     assert f"cannot write {textfile}" in err and "Traceback" not in err
+
+
+# -- the boot textfile is this boot's, whatever fails (issue 19) ----------------------------------
+
+
+def this_boot() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def test_an_unparsable_spec_still_rewrites_the_textfile_with_this_boots_id(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ct200-boot-report.service with an unparsable site.yml: the last boot's `chain_ok 1` must
+    not stand; the file says chain_ok 0, why, and this boot's id; the command exits 2."""
+    spec = tmp_path / "site.yml"
+    spec.write_text("ct200_site: [\n")
+    textfile = tmp_path / "ct200_boot.prom"
+    textfile.write_text("ct200_boot_chain_ok 1\n")  # the previous boot's, green
+    with pytest.raises(SystemExit) as exited:
+        serve.main(["chain", "--spec", str(spec), "--no-doctor", "--textfile", str(textfile)])
+    err = capsys.readouterr().err
+    assert exited.value.code == serve.Exit.BAD_INPUT, err
+    text = textfile.read_text()
+    assert "ct200_boot_chain_ok 0" in text.splitlines()
+    assert 'ct200_boot_chain_reason{reason="spec unreadable: ' in text, text
+    assert f'ct200_boot_report_info{{machine="container",boot_id="{this_boot()}"}} 1' in text
+    assert "Traceback" not in err
+
+
+def test_the_chain_shows_this_boots_id_in_text_json_and_textfile(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = stand_in_chain(monkeypatch, tmp_path, free_port(), "active")
+    textfile = tmp_path / "ct200_boot.prom"
+    args = ["chain", "--spec", str(spec), "--no-doctor", "--textfile", str(textfile)]
+    with pytest.raises(SystemExit) as exited:
+        serve.main(args)
+    out = capsys.readouterr().out
+    assert exited.value.code == serve.Exit.OK, out
+    assert f"  boot id {this_boot()}" in out.splitlines()
+    assert f'boot_id="{this_boot()}"}} 1' in textfile.read_text()
+    with pytest.raises(SystemExit):
+        serve.main([*args, "--json"])
+    assert json.loads(capsys.readouterr().out)["result"]["boot_id"] == this_boot()
+
+
+def nothing_enabled(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    spec = stand_in_chain(monkeypatch, tmp_path, free_port(), "active")
+    data = yaml.safe_load(spec.read_text())
+    for server in data["ct200_site"]["servers"]:
+        server["enabled"] = False
+    spec.write_text(yaml.safe_dump(data))
+    return spec
+
+
+def test_nothing_to_serve_is_not_serving_with_its_own_exit_and_fix(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = nothing_enabled(monkeypatch, tmp_path)
+    textfile = tmp_path / "ct200_boot.prom"
+    with pytest.raises(SystemExit) as exited:
+        serve.main(["chain", "--spec", str(spec), "--no-doctor", "--textfile", str(textfile)])
+    out = capsys.readouterr().out
+    assert exited.value.code == serve.Exit.NOTHING == 5, out
+    assert out.startswith("boot chain: NOT SERVING: nothing to serve: the serving set is empty")
+    assert "fix: choose what this machine serves, e.g. `ct200-serve switch tiny`" in out
+    text = textfile.read_text()
+    assert "ct200_boot_chain_ok 0" in text
+    assert 'ct200_boot_chain_reason{reason="nothing to serve: the serving set is empty"} 1' in text
+    with pytest.raises(SystemExit) as exited:
+        serve.main(["smoke", "--spec", str(spec)])
+    out = capsys.readouterr().out
+    assert exited.value.code == serve.Exit.NOTHING, out
+    assert "nothing to serve: the serving set is empty" in out and "ct200-serve switch" in out

@@ -629,3 +629,37 @@ def test_served_name_and_unit_contract() -> None:
     assert engines.server_of_unit("sshd.service") is None
     assert engines.program(base) == "/usr/bin/python3"
     assert engines.base_url(dataclasses.replace(base, host="::")) == "http://[::1]:30000"
+
+
+# -- crash semantics (issue 19): a crash loop named as one, a restart as a restart --------------
+
+
+def test_a_unit_stopped_by_its_start_limit_is_named_a_crash_loop_with_its_last_exit() -> None:
+    """The recorded unit that failed after 3 restarts (systemd 252: Result stays exit-code)."""
+    from ct200_tools.checks import run_checks  # noqa: PLC0415
+    from ct200_tools.spec import load_spec  # noqa: PLC0415
+    from tests.unit import server_facts as sf  # noqa: PLC0415
+
+    facts = sf.with_unit("limit")(sf.llama("stopped"))
+    got = {f.id: f for f in run_checks(facts, load_spec(sf.LLAMA_SPEC))}["server.unit"]
+    assert got.status == "fail"
+    assert "is in a crash loop: its starts failed in a row without serving" in got.summary
+    assert "3 restarts, last exit status 1" in got.summary, got.summary
+
+
+def test_a_unit_between_a_crash_and_its_restart_is_restarting_not_starting() -> None:
+    """derived: the recorded failed unit in its RestartSec delay (activating, auto-restart)."""
+    import dataclasses  # noqa: PLC0415
+
+    from ct200_tools.checks import run_checks  # noqa: PLC0415
+    from ct200_tools.spec import load_spec  # noqa: PLC0415
+    from tests.unit import server_facts as sf  # noqa: PLC0415
+
+    unit = dataclasses.replace(
+        sf.recorded_unit("fail"), active_state="activating", sub_state="auto-restart"
+    )
+    facts = sf.server(sf.llama("stopped"), unit=unit)
+    got = {f.id: f for f in run_checks(facts, load_spec(sf.LLAMA_SPEC))}["server.unit"]
+    assert got.status == "warn"
+    assert "is restarting after a failure (restart 1, last exit status 2)" in got.summary
+    assert "a big model loads" not in got.summary

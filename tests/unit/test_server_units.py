@@ -194,6 +194,7 @@ def test_programs_are_what_exec_lines_run() -> None:
     assert units.programs(unit) == [
         "/opt/ct200/venv/bin/ct200-doctor",
         "/opt/ct200/venv/bin/ct200-serve",
+        "/usr/bin/systemctl",
         "llama-server",
     ]
 
@@ -224,7 +225,9 @@ def test_sglang_unit_of_the_example() -> None:
     assert d["NotifyAccess"] == ["exec"]
     assert d["ExecStartPost"] == [
         "/opt/ct200/venv/bin/ct200-serve wait-ready qwen-tp4-ddtree --spec /etc/ct200/site.yml "
-        "--timeout 540"
+        "--timeout 540",
+        # Serving: the start limit counts failed starts in a row only (issue 19).
+        "+/usr/bin/systemctl reset-failed ct200-server-qwen-tp4-ddtree.service",
     ]
     one = {k: v[0] for k, v in d.items() if len(v) == 1}
     assert one["Type"] == "exec" and one["User"] == "ct200" and one["Group"] == "ct200"

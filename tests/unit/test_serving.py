@@ -373,6 +373,30 @@ def test_preflight_names_the_model_that_is_not_staged(tmp_path: Path) -> None:
     assert "journalctl -u ct200-stage@qwen3.6-27b.service" in problem.fix
 
 
+def test_preflight_restages_a_damaged_copy_with_the_owned_target_replace(tmp_path: Path) -> None:
+    """Issue 19: for a damaged copy (something at the staged path, not matching) the preflight
+    printed `systemctl restart ct200-stage@X`, whose stage refuses to overwrite it."""
+    import dataclasses  # noqa: PLC0415
+
+    site = cpu_site("/bin/sh")
+    model = next(m for m in site.models if m.name == "qwen3.6-27b")
+    damaged = tmp_path / "qwen"
+    damaged.mkdir()
+    models = tuple(
+        dataclasses.replace(m, staged=str(damaged)) if m is model else m for m in site.models
+    )
+    site = dataclasses.replace(site, models=models)
+    server = site.servers[1]
+    fake = ScriptedSystemctl(site, ())
+    fake.set("ct200-stage@qwen3.6-27b.service", active="active")
+    check = Preflight(site, server, Systemd(fake), staged=lambda m: (False, "changed since"))
+    (problem,) = check.problems()
+    assert problem.fix.startswith(
+        "`ct200-stage stage qwen3.6-27b --spec /etc/ct200/site.yml --replace` restages it"
+    ), problem.fix
+    assert "systemctl restart" not in problem.fix
+
+
 def test_preflight_finds_an_engine_module_with_the_engine_python(site: SiteSpec) -> None:
     server = site.servers[0]
     calls: list[list[str]] = []

@@ -1,0 +1,45 @@
+"""Which inventory provisioned this machine, as site.yml recorded it (roles/ct200_tools,
+tasks/provisioned.yml), so every playbook command this machine prints is whole: pasted on the
+controller, it runs against this machine."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Final
+
+from ct200_tools.untrusted import UntrustedInputError, load_json
+
+PROVISIONED: Final = "/etc/ct200/provisioned.json"
+
+
+def playbook_command(playbook: str, *extra: str, path: str = PROVISIONED) -> str:
+    """`cd CHECKOUT && ansible-playbook -i INVENTORY PLAYBOOK --limit HOST EXTRA...` in
+    backquotes, from the record; without one, the command with what to fill in, said plainly."""
+    try:
+        got = load_json(path, "the provisioning record", 64 * 1024, "run site.yml once more")
+    except (UntrustedInputError, OSError):
+        got = None
+    tail = "".join(f" {shlex.quote(e)}" for e in extra)
+    if isinstance(got, dict):
+        checkout, host, inventory = got.get("checkout"), got.get("host"), got.get("inventory")
+        raw = inventory if isinstance(inventory, list) else [inventory]
+        sources = [i for i in raw if isinstance(i, str) and i]
+        if (
+            isinstance(checkout, str)
+            and checkout
+            and isinstance(host, str)
+            and host
+            and sources
+            and len(sources) == len(raw)
+        ):
+            # Quoted: these are strings from a file, pasted into a shell.
+            dash_i = " ".join(f"-i {shlex.quote(i)}" for i in sources)
+            return (
+                f"`cd {shlex.quote(checkout)} && ansible-playbook {dash_i} {playbook} "
+                f"--limit {shlex.quote(host)}{tail}` on the controller"
+            )
+    return (
+        f"on the controller, in your ct200-tools checkout, `ansible-playbook -i INVENTORY "
+        f"{playbook} --limit HOST{tail}` with the inventory and host that provisioned this "
+        f"machine; it does not know them ({path} is missing or incomplete: site.yml records it)"
+    )

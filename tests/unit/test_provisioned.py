@@ -1,0 +1,108 @@
+"""site.yml records which inventory provisioned the machine (roles/ct200_tools,
+tasks/provisioned.yml) and `ct200-serve chain` prints the whole recover.yml command from it
+(issue 19: a printed `ansible-playbook playbooks/recover.yml` without -i failed when pasted).
+Real ansible-playbook on localhost; the record is written to a temporary path."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ct200_tools.serve import chain as ch
+
+REPO = Path(__file__).resolve().parents[2]
+PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
+
+pytestmark = pytest.mark.skipif(not PLAYBOOK.exists(), reason="ansible-playbook not installed")
+
+
+def provision(checkout: Path, record: Path) -> str:
+    """Run the role's task as site.yml does, from `checkout`/playbooks; the play's recap."""
+    inventory = checkout / "inventory" / "my site" / "hosts.yml"
+    inventory.parent.mkdir(parents=True, exist_ok=True)
+    host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory.write_text(json.dumps({"all": {"hosts": {"ct-7": host}}}))
+    play = [
+        {
+            "hosts": "ct-7",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "ansible.builtin.import_role": {
+                        "name": "ct200_tools",
+                        "tasks_from": "provisioned.yml",
+                    }
+                }
+            ],
+        }
+    ]
+    (checkout / "playbooks").mkdir(exist_ok=True)
+    (checkout / "playbooks" / "site.yml").write_text(json.dumps(play))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    proc = subprocess.run(
+        [
+            str(PLAYBOOK),
+            "-i",
+            str(inventory),
+            str(checkout / "playbooks" / "site.yml"),
+            "-e",
+            f"ct200_tools_provisioned_path={record}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        env={**env, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_ROLES_PATH": str(REPO / "roles")},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_site_records_the_inventory_and_chain_prints_the_whole_recover_command(
+    tmp_path: Path,
+) -> None:
+    checkout = tmp_path / "ct200 tools"  # a space: the printed command must quote it
+    checkout.mkdir()
+    record = tmp_path / "provisioned.json"  # /etc/ct200 exists: spec.yml makes it first
+    first = provision(checkout, record)
+    assert re.search(r"ct-7\s+: ok=1\s+changed=1", first), first
+    again = provision(checkout, record)
+    assert re.search(r"ct-7\s+: ok=1\s+changed=0", again), again  # a second run changes nothing
+    assert oct(record.stat().st_mode & 0o777) == "0o644"
+    inventory = checkout / "inventory" / "my site" / "hosts.yml"
+    assert json.loads(record.read_text()) == {
+        "schema_version": 1,
+        "checkout": str(checkout),
+        "inventory": [str(inventory)],
+        "inventory_dir": str(inventory.parent),
+        "host": "ct-7",
+    }
+    fix = ch.recover_command(str(record))
+    command = fix.split("`")[1]
+    assert command == (
+        f"cd '{checkout}' && ansible-playbook -i '{inventory}' playbooks/recover.yml --limit ct-7"
+    )
+    bash = shutil.which("bash")
+    assert bash is not None
+    assert subprocess.run([bash, "-n", "-c", command], timeout=10, check=False).returncode == 0
+    # Pasted in the checkout's shell it reaches the inventory and the playbook directory.
+    probe = command.replace("ansible-playbook -i", "test -f").replace(
+        " playbooks/recover.yml --limit ct-7", " && test -d playbooks"
+    )
+    assert subprocess.run([bash, "-c", probe], timeout=10, check=False).returncode == 0
+
+
+def test_without_a_record_the_fix_says_plainly_what_to_fill_in(tmp_path: Path) -> None:
+    fix = ch.recover_command(str(tmp_path / "none.json"))
+    assert "does not know them" in fix and "INVENTORY" in fix
+    command = fix.split("`")[1]
+    bash = shutil.which("bash")
+    assert bash is not None
+    assert subprocess.run([bash, "-n", "-c", command], timeout=10, check=False).returncode == 0
