@@ -64,10 +64,33 @@ def tier(item: pytest.Item) -> str:
     return "fast"
 
 
+#: The testbed modules that share the session's testbed, in the order they run. The first one
+#: makes the shared converge (tests/testbed/conftest.py) on machines no playbook has run on; the
+#: modules after it layer on it and put back what they change (the host modules before the ones
+#: that start from a pristine pve). Modules not named (their own slots) run after these.
+TESTBED_ORDER = (
+    "test_testbed_playbooks",
+    "test_host_roles",
+    "test_host_chain",
+    "test_host_doctor",
+    "test_recovery",
+    "test_server_units",
+    "test_servers",
+    "test_staging_role",
+    "test_testbed_harness",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # A stable sort: within a tier, the files' order (and each module's fixtures) stay as they were.
+    # A stable sort: within a tier (and a testbed module), the files' order stays as it was.
     rank = {name: i for i, name in enumerate(TIERS)}
-    items.sort(key=lambda item: rank[tier(item)])
+    order = {name: i for i, name in enumerate(TESTBED_ORDER)}
+
+    def key(item: pytest.Item) -> tuple[int, int]:
+        t = tier(item)
+        return rank[t], order.get(item.path.stem, len(order)) if t == "testbed" else 0
+
+    items.sort(key=key)
 
 
 #: What warms the slow tiers' caches: the testbed's rootfs and wheelhouse (`python -m testbed
