@@ -18,7 +18,7 @@ The tiers, declared here from the markers (pyproject.toml) and run by the Makefi
 
 `make test` (CI) runs them all in one session, in that order: a fast failure shows first, and the
 slow tiers' caches (the testbed's rootfs and wheelhouse, llama-server) build in the background
-while the fast tier runs, on the core it leaves idle (``warm_caches``).
+while the fast tier runs, on the core it leaves idle (``WARM``).
 """
 
 from __future__ import annotations
