@@ -13,8 +13,8 @@ takes every setting it does not name from the profile loaded at import time.
 The tiers, declared here from the markers (pyproject.toml) and run by the Makefile:
 
     fast      no mark (and ``gpu``, which skips without a GPU): `make test-fast`, the inner loop
-    llama     builds (cached) and runs llama-server on the CPU: `make test-llama`
     testbed   root, systemd-nspawn machines and Ansible: `make test-testbed`
+    llama     builds (cached) and runs llama-server on the CPU: `make test-llama`
 
 `make test` (CI) runs them all in one session, in that order: a fast failure shows first, and the
 slow tiers' caches (the testbed's rootfs and wheelhouse, llama-server) build in the background
@@ -53,8 +53,9 @@ def testbed_requirements() -> None:
     pytest.skip(reason)
 
 
-#: The tiers in the order a full run runs them (see the module's docstring).
-TIERS = ("fast", "llama", "testbed")
+#: The tiers in the order a full run runs them (see the module's docstring): llama last, so that
+#: a llama-server build still running when the fast tier ends holds up only what needs it.
+TIERS = ("fast", "testbed", "llama")
 
 
 def tier(item: pytest.Item) -> str:
@@ -67,17 +68,18 @@ def tier(item: pytest.Item) -> str:
 #: The testbed modules that share the session's testbed, in the order they run. The first one
 #: makes the shared converge (tests/testbed/conftest.py) on machines no playbook has run on; the
 #: modules after it layer on it and put back what they change (the host modules before the ones
-#: that start from a pristine pve). Modules not named (their own slots) run after these.
+#: that start from a pristine pve). The two that push llama-server come last, so that its build
+#: overlaps the others. Modules not named (their own slots) run after these.
 TESTBED_ORDER = (
     "test_testbed_playbooks",
     "test_host_roles",
     "test_host_chain",
     "test_host_doctor",
-    "test_recovery",
-    "test_server_units",
-    "test_servers",
     "test_staging_role",
+    "test_server_units",
     "test_testbed_harness",
+    "test_recovery",
+    "test_servers",
 )
 
 
