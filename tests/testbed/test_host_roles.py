@@ -34,7 +34,9 @@ from tbharness import REPO, AnsibleRun, Bed, Converged, diff, snapshot
 from testbed import units
 from testbed.machine import hostname
 
-pytestmark = pytest.mark.testbed
+# The module's fixtures (nine module runs, the benchmark) run in its first tests' setup; run
+# alone, the session's shared converge too.
+pytestmark = [pytest.mark.testbed, pytest.mark.timeout(1800)]
 
 HOST = "playbooks/host.yml"
 PVE = hostname("pve")

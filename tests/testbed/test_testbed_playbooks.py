@@ -17,7 +17,9 @@ from tbharness import MACHINES, REPO, Converged, diff
 from testbed import units
 from testbed.machine import hostname
 
-pytestmark = pytest.mark.testbed
+# The session's shared converge (five site.yml runs) is set up in this module's first test: on a
+# busy 2-core machine that takes longer than the default per-test limit.
+pytestmark = [pytest.mark.testbed, pytest.mark.timeout(1800)]
 
 #: machine -> its inventory name, which the recap uses.
 HOST = {m: hostname(m) for m in MACHINES}
