@@ -1,9 +1,9 @@
-# Targets: dev (venv + deps), lint, test, docs, wheelhouse. The tests need `make dev` first
-# (scripts/setup.sh).
+# Targets: dev (venv + deps), lint, test, test-fast, docs, wheelhouse. The tests need `make dev`
+# first (scripts/setup.sh).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: dev lint lint-ansible test test-unit test-testbed docs wheelhouse
+.PHONY: dev lint lint-ansible test test-fast test-unit test-llama test-testbed docs wheelhouse
 
 dev:
 	bash scripts/setup.sh
@@ -25,12 +25,23 @@ lint-ansible:
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/ansible-lint
 	$(PY) -m testbed verify-units --spec inventory/ct200
 
+# The test tiers, by pytest marker (declared in tests/conftest.py): the full suite (CI, .ci/run)
+# runs every tier in one session, fast first, warming the slow tiers' caches meanwhile.
 test: lint lint-ansible
 	$(PY) -m pytest
 
-# The local testbed and the Ansible tests on it (root; boots systemd-nspawn machines).
+# The inner loop: no root, no testbed, no llama-server build.
+test-fast:
+	$(PY) -m pytest -m "not testbed and not llama"
+
+# llama-server on the CPU (built once per machine, cached by its source's hash).
+test-llama:
+	$(PY) -m pytest -m llama
+
+# The local testbed and the Ansible tests on it (root; boots systemd-nspawn machines), including
+# the benchmarks' smoke runs that boot a testbed of their own.
 test-testbed:
-	$(PY) -m pytest -m testbed tests/testbed
+	$(PY) -m pytest -m testbed
 
 test-unit:
 	$(PY) -m pytest tests/unit

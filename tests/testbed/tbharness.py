@@ -138,3 +138,41 @@ def diff(before: dict[str, str], after: dict[str, str]) -> list[str]:
     out += [f"- {p}" for p in sorted(before.keys() - after.keys())]
     out += [f"~ {p}" for p in sorted(before.keys() & after.keys()) if before[p] != after[p]]
     return out
+
+
+#: The machines of the session's testbed, and the playbook the shared converge runs on them.
+MACHINES = ("pve", "ct")
+SITE = "playbooks/site.yml"
+PCT_LOG = "/var/log/ct200-testbed/pct.log"
+CONF_200 = "/etc/pve/lxc/200.conf"
+
+
+@dataclass
+class Converged:
+    """site.yml with the committed testbed spec, once per session, on machines no playbook has
+    run on: the syntax check, --check --diff on the fresh machines, the converge, the second run
+    and --check --diff again, with what the machines held before and after each. The modules
+    that need a converged machine layer their difference on it (and put back what they change);
+    their assertions read the runs recorded here."""
+
+    bed: Bed
+    syntax: AnsibleRun
+    fresh: dict[str, dict[str, str]]
+    check_fresh: AnsibleRun
+    after_check: dict[str, dict[str, str]]
+    converge: AnsibleRun
+    converged: dict[str, dict[str, str]]
+    second: AnsibleRun
+    check_after: AnsibleRun
+    done: dict[str, dict[str, str]]
+    #: pve's container config before the converge (what a pristine pve holds).
+    conf_200: str
+    #: The `pct` stand-in's log (argv per call) before the converge, after it, and at the end.
+    pct_before: int
+    pct_converge: list[list[str]]
+    pct_after: list[list[str]]
+
+
+def pct_log(bed: Bed) -> list[list[str]]:
+    out = bed.ssh("pve", "cat", PCT_LOG).stdout
+    return [json.loads(line)["argv"] for line in out.splitlines()]

@@ -3,10 +3,11 @@ every boot (roles/host_boot_report), a link broken by stopping a boot unit from 
 and recover.yml repairing it. Real power cycles of the `pve` machine (`Bed.reboot("pve")`:
 systemd boots anew); the `ct` machine keeps running.
 
-1. host.yml (site.yml's host play: host_devices, host_tuning, host_boot_report, lxc_passthrough),
-   then a reboot: the report unit ran after the two boot units and its textfile and journal say
-   every host step is good. pve has no NVIDIA GPU: ct200-host-devices says so and exits 0 there
-   (as in test_host_roles.py), so on this machine "good" means the unit ran to success.
+1. host.yml (site.yml's host play: host_devices, host_tuning, host_boot_report, lxc_passthrough;
+   the session's shared converge, tests/testbed/conftest.py), then a reboot: the report unit ran
+   after the two boot units and its textfile and journal say every host step is good. pve has
+   no NVIDIA GPU: ct200-host-devices says so and exits 0 there (as in test_host_roles.py), so on
+   this machine "good" means the unit ran to success.
 2. `systemctl disable ct200-host-devices.service` (a unit file in /etc/systemd/system cannot be
    masked for good: `systemctl mask` refuses, and --runtime is gone after the reboot), reboot: the
    unit does not run, and the textfile, the report's journal and ct200-host-chain all name it as
@@ -28,14 +29,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from tbharness import AnsibleRun, Bed
-from test_host_roles import HOST_CHAIN, HOST_TEXTFILE, REPORT_UNIT, conf, restore, text
+from tbharness import AnsibleRun, Bed, Converged
+from test_host_roles import HOST_CHAIN, HOST_TEXTFILE, REPORT_UNIT, restore, text
 
 from testbed.machine import hostname
 
 pytestmark = [pytest.mark.testbed, pytest.mark.timeout(1800)]
 
-HOST = "playbooks/host.yml"
 RECOVER = "playbooks/recover.yml"
 PVE = hostname("pve")
 DEVICES = "ct200-host-devices.service"
@@ -119,11 +119,11 @@ class HostChain:
 
 
 @pytest.fixture(scope="module")
-def host_chain_run(testbed: Bed) -> Iterator[HostChain]:
-    bed = testbed
-    conf_200 = text(bed, conf(200))
+def host_chain_run(converged: Converged) -> Iterator[HostChain]:
+    # On the session's shared converge: site.yml ran host.yml's play on pve.
+    bed = converged.bed
     try:
-        converge = bed.ansible(HOST)
+        converge = converged.converge
         assert converge.rc == 0, converge.describe()
         good = Boot.cycle(bed)
         disabled = bed.ssh("pve", "systemctl", "disable", DEVICES)
@@ -145,7 +145,8 @@ def host_chain_run(testbed: Bed) -> Iterator[HostChain]:
             f"rm -rf {DROP_IN.rsplit('/', 1)[0]} {FAKE_PCI.rsplit('/', 1)[0]};"
             " systemctl daemon-reload",
         )
-        restore(bed, conf_200)
+        # The modules after this one (host_doctor, recovery) start from a pristine pve.
+        restore(bed, converged.conf_200)
 
 
 def test_a_good_boot_reports_every_host_step_good(host_chain_run: HostChain) -> None:

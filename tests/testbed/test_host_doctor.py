@@ -25,9 +25,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tbharness import REPO, AnsibleRun, Bed
+from tbharness import REPO, AnsibleRun, Bed, diff, snapshot
 from test_host_roles import restore, sh, text
-from test_testbed_playbooks import diff, snapshot
 
 from testbed.machine import hostname
 

@@ -11,8 +11,10 @@ nvidia-uvm major corrected in place, then followed after a "driver update"; bad 
 with nothing written; a held config lock waited for, or failed on cleanly. The host has no
 NVIDIA driver, so raw-lxc reads recorded /proc/devices files (tests/fixtures/raw/h200).
 
-The testbed is shared by the session, and the modules after this one expect a `pve` machine no
-playbook has run on: the finalizer puts back what this module changed, and checks it did.
+host.yml's runs are those of the session's shared converge (tests/testbed/conftest.py: site.yml
+runs host.yml's play on pve, on machines no playbook has run on), recorded with pve's state
+before and after each. This module layers on the converged host, and its finalizer puts back
+what it added and checks it did: test_host_chain.py builds on the converged host next.
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tbharness import REPO, AnsibleRun, Bed
-from test_testbed_playbooks import diff, snapshot
+from tbharness import REPO, AnsibleRun, Bed, Converged, diff, snapshot
 
 from testbed import units
 from testbed.machine import hostname
 
-pytestmark = pytest.mark.testbed
+# The module's fixtures (nine module runs, the benchmark) run in its first tests' setup; run
+# alone, the session's shared converge too.
+pytestmark = [pytest.mark.testbed, pytest.mark.timeout(1800)]
 
 HOST = "playbooks/host.yml"
 PVE = hostname("pve")
@@ -221,20 +224,12 @@ class Host:
 
 
 @pytest.fixture(scope="module")
-def host(testbed: Bed) -> Iterator[Host]:
-    bed = testbed
-    fresh = snapshot(bed, "pve")
-    conf_200 = text(bed, conf(200))
-    logged = len(pct_calls(bed))
+def host(converged: Converged) -> Iterator[Host]:
+    """host.yml's part of the session's shared converge (site.yml runs host.yml's play on pve):
+    its runs and pve's snapshots, then what this module adds on the converged host."""
+    bed = converged.bed
+    found = snapshot(bed, "pve")
     try:
-        check_fresh = bed.ansible(HOST, "--check", "--diff")
-        after_check = snapshot(bed, "pve")
-        converge = bed.ansible(HOST)
-        converged = snapshot(bed, "pve")
-        calls_converge = pct_calls(bed, logged)
-        second = bed.ansible(HOST)
-        check_after = bed.ansible(HOST, "--check", "--diff")
-        calls_after = pct_calls(bed, logged)
         state = unit_state(bed)
         journal = bed.ssh(
             "pve", "journalctl", "--no-pager", "-o", "cat", *[f"--unit={u}" for u in UNITS]
@@ -265,15 +260,15 @@ def host(testbed: Bed) -> Iterator[Host]:
         sysctl = text(bed, "/etc/sysctl.d/60-ct200.conf")
         yield Host(
             bed,
-            fresh,
-            check_fresh,
-            after_check,
-            converge,
-            converged,
-            calls_converge,
-            second,
-            check_after,
-            calls_after,
+            converged.fresh["pve"],
+            converged.check_fresh,
+            converged.after_check["pve"],
+            converged.converge,
+            converged.converged["pve"],
+            converged.pct_converge,
+            converged.second,
+            converged.check_after,
+            converged.pct_after,
             state,
             journal,
             verify,
@@ -281,12 +276,26 @@ def host(testbed: Bed) -> Iterator[Host]:
             boot_journal,
             modules_load,
             sysctl,
-            conf_200,
+            converged.conf_200,
         )
     finally:
-        restore(bed, conf_200)
-        left = diff(fresh, snapshot(bed, "pve"))
+        # Back to the converged host the modules after this one build on.
+        unlayer(bed)
+        left = diff(found, snapshot(bed, "pve"))
         assert not left, "the host tests left changes on pve:\n" + "\n".join(left)
+
+
+def unlayer(bed: Bed) -> None:
+    """What this module adds to the converged host, taken away: the module's configs and files,
+    the lock holder."""
+    bed.ssh(
+        "pve",
+        "sh",
+        "-c",
+        "systemctl stop ct200-test-lock.service 2>/dev/null;"
+        " systemctl reset-failed ct200-test-lock.service 2>/dev/null;"
+        f" rm -rf {WORK}; rm -f /etc/pve/lxc/2[1-9][0-9].conf",
+    )
 
 
 def restore(bed: Bed, conf_200: str) -> None:

@@ -6,10 +6,11 @@ the spec (an extra-vars file: the committed testbed spec plus `models`), and che
 the staged trees and the untouched sources on the machine. One fixture runs the whole sequence
 in order, phase by phase; each test asserts one part of it.
 
-The testbed is shared by the session, and test_testbed_playbooks.py expects machines that no
-playbook has run on: this module runs the playbooks on the container only (and validation on the
-controller), ends by converging the committed spec (no models: the role retires the units), and
-its finalizer removes what it and the staging role added to the container.
+The testbed is shared by the session (the container converged with the committed spec by the
+session's shared converge, tests/testbed/conftest.py): this module runs the playbooks on the
+container only (and validation on the controller), ends by converging the committed spec (no
+models: the role retires the units), and its finalizer removes what it and the staging role added
+to the container.
 """
 
 from __future__ import annotations
@@ -32,8 +33,7 @@ pytestmark = pytest.mark.testbed
 SITE = "playbooks/site.yml"
 CONTAINER = "playbooks/container.yml"
 CT = hostname("ct")
-#: The container and the controller's validation only: the host is no part of staging, and the
-#: playbook tests after this module expect a host no playbook has run on yet.
+#: The container and the controller's validation only: the host is no part of staging.
 LIMIT = ("--limit", f"{CT},localhost")
 #: The servers of SiteBuilder's specs are there to make their models needed; they are SGLang
 #: servers on GPUs the testbed lacks, so their units stay out of this module (test_servers.py
@@ -378,6 +378,11 @@ def staging(testbed: Bed) -> Iterator[Staging]:
     bed = testbed
     site = SiteBuilder(bed.workdir)
     try:
+        # The session's shared converge installed the staging template (models: []); taken away
+        # first, so that test_rendered_units_verify_clean sees this converge add it and verifies
+        # it with the models' instances. The finalizer removes it again.
+        gone = bed.ssh("ct", "sh", "-ec", f"rm -f {TEMPLATE}; systemctl daemon-reload")
+        assert gone.returncode == 0, gone.stderr
         sources_made = write_sources(bed)
         converge = Converge.record(bed, site.extra_vars("models", *MODELS))
         staged = Staged.record(bed)
