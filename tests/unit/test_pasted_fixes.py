@@ -81,8 +81,10 @@ def test_every_printed_fix_is_valid_shell() -> None:
     assert len(commands) > 20  # the fixtures do print fixes: this test sees them
     bad = []
     for where, command in commands:
+        # On standard input, as a paste reaches the shell: `bash -c` would take a line that
+        # starts with "-" for its own options.
         proc = subprocess.run(
-            [bash, "-n", "-c", command], capture_output=True, text=True, timeout=10, check=False
+            [bash, "-n"], input=command, capture_output=True, text=True, timeout=10, check=False
         )
         if proc.returncode != 0 or ANGLE_PLACEHOLDER.search(command):
             bad.append(f"{where}: {command!r}: {proc.stderr.strip() or 'an <angle> placeholder'}")
