@@ -6,7 +6,6 @@ import enum
 import json
 import os
 import sys
-import traceback
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 from urllib.parse import urlsplit
@@ -14,6 +13,7 @@ from urllib.parse import urlsplit
 import click
 
 from ct200_tools import __version__
+from ct200_tools.cli.options import internal_error
 from ct200_tools.untrusted import UntrustedInputError, is_plain, show
 
 EPILOG = """\b
@@ -280,12 +280,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except BrokenPipeError:
         os._exit(Exit.OK)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: no traceback by default
-        click.echo(f"ct200-bench: internal error: {type(exc).__name__}: {exc}", err=True)
-        if os.environ.get("CT200_DEBUG"):
-            traceback.print_exc()
-        else:
-            click.echo("  (set CT200_DEBUG=1 for the traceback; please report it)", err=True)
-        sys.exit(Exit.INTERNAL)
+        internal_error("ct200-bench", exc, Exit.INTERNAL)
     sys.exit(Exit.OK)
 
 

@@ -6,7 +6,6 @@ import math
 import os
 import sys
 import tempfile
-import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -22,7 +21,7 @@ from ct200_tools.checks import (
     select,
 )
 from ct200_tools.checks.base import plural
-from ct200_tools.cli.options import spec_option
+from ct200_tools.cli.options import internal_error, spec_option
 from ct200_tools.facts import Facts, FactsFormatError
 from ct200_tools.fsutil import write_atomic
 from ct200_tools.report import (
@@ -610,12 +609,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except BrokenPipeError:
         os._exit(Exit.OK)  # `| head` closed our stdout: not an error
     except Exception as exc:  # noqa: BLE001 - the last line of defence: no traceback by default
-        click.echo(f"ct200-doctor: internal error: {type(exc).__name__}: {exc}", err=True)
-        if os.environ.get("CT200_DEBUG"):
-            traceback.print_exc()
-        else:
-            click.echo("  (set CT200_DEBUG=1 for the traceback; please report it)", err=True)
-        sys.exit(Exit.DOCTOR_BROKE)
+        internal_error("ct200-doctor", exc, Exit.DOCTOR_BROKE)
     sys.exit(Exit.OK)
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -33,3 +36,15 @@ def spec_option(fn: Callable[..., Any]) -> Callable[..., Any]:
         help=f"Site spec: a YAML file or an Ansible inventory dir [default: ${SPEC_ENV} if set, "
         f"else {DEFAULT_SPEC_PATH} if present].",
     )(fn)
+
+
+def internal_error(tool: str, exc: Exception, code: int) -> NoReturn:
+    """The last line of defence of every command: a bug is one line and exit `code` (3), with
+    the traceback only when CT200_DEBUG is set. Called from the command's `except` block, so
+    the traceback printed is that exception's."""
+    click.echo(f"{tool}: internal error: {type(exc).__name__}: {exc}", err=True)
+    if os.environ.get("CT200_DEBUG"):
+        traceback.print_exc()
+    else:
+        click.echo("  (set CT200_DEBUG=1 for the traceback; please report it)", err=True)
+    sys.exit(code)

@@ -7,14 +7,13 @@ import enum
 import json
 import os
 import sys
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import click
 
 from ct200_tools import __version__
-from ct200_tools.cli.options import spec_option
+from ct200_tools.cli.options import internal_error, spec_option
 from ct200_tools.serve.systemd import SystemdError
 from ct200_tools.serving import ServingError
 from ct200_tools.spec import ServerSpec, SiteSpec, SpecError
@@ -506,12 +505,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except BrokenPipeError:
         os._exit(Exit.OK)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: no traceback by default
-        click.echo(f"ct200-serve: internal error: {type(exc).__name__}: {exc}", err=True)
-        if os.environ.get("CT200_DEBUG"):
-            traceback.print_exc()
-        else:
-            click.echo("  (set CT200_DEBUG=1 for the traceback; please report it)", err=True)
-        sys.exit(Exit.INTERNAL)
+        internal_error("ct200-serve", exc, Exit.INTERNAL)
     sys.exit(Exit.OK)
 
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import click
 
 from ct200_tools import __version__
-from ct200_tools.cli.options import spec_option
+from ct200_tools.cli.options import internal_error, spec_option
 from ct200_tools.exitcodes import Exit
 from ct200_tools.stage.errors import StageError
 from ct200_tools.stage.progress import NullProgress, ProgressSink, TtyProgress
@@ -322,12 +321,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             ],
         )
     except Exception as exc:  # noqa: BLE001 - the last line of defence: no traceback by default
-        click.echo(f"ct200-stage: internal error: {type(exc).__name__}: {exc}", err=True)
-        if os.environ.get("CT200_DEBUG"):
-            traceback.print_exc()
-        else:
-            click.echo("  (set CT200_DEBUG=1 for the traceback; please report it)", err=True)
-        sys.exit(Exit.BROKE)
+        internal_error("ct200-stage", exc, Exit.BROKE)
     sys.exit(Exit.OK)
 
 
