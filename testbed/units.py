@@ -92,6 +92,33 @@ STANDIN = (
 )
 
 
+def unquote(line: str) -> list[str]:
+    """How systemd splits an Exec*= line (systemd.service(5), "Command lines"): words separated
+    by spaces, double or single quotes around a word, C escapes inside; then $$ -> $ and %% -> %
+    (specifiers and variables are expanded before, so doubled ones stand for themselves)."""
+    words: list[str] = []
+    i = 0
+    while i < len(line):
+        if line[i] == " ":
+            i += 1
+            continue
+        word, quote = "", ""
+        while i < len(line) and (quote or line[i] != " "):
+            c = line[i]
+            if not quote and c in "\"'":
+                quote = c
+            elif c == quote:
+                quote = ""
+            elif c == "\\":
+                i += 1
+                word += {"n": "\n", "t": "\t"}.get(line[i], line[i])
+            else:
+                word += c
+            i += 1
+        words.append(word.replace("$$", "$").replace("%%", "%"))
+    return words
+
+
 def programs(unit_text: str) -> list[str]:
     """The programs a unit's Exec*= lines run (absolute paths, or names systemd looks up)."""
     return sorted({m.group(1) for m in _EXEC.finditer(unit_text)})

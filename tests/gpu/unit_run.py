@@ -45,35 +45,12 @@ from typing import Any
 from ct200_tools import engines
 from ct200_tools.render import render
 from ct200_tools.spec import load_spec
+from testbed.units import unquote
 from tests.gpu.faults import CLONE_NEWNS, MS_BIND, MS_PRIVATE, MS_REC, cgroup2_root, remove_cgroup
 
 REPO = Path(__file__).resolve().parents[2]
 PRIVATE_DIRS = ("/etc/ct200", "/var/lib/ct200", "/var/cache/ct200")
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-def unquote(line: str) -> list[str]:
-    """How systemd splits an Exec*= line (systemd.service(5), "Command lines")."""
-    words, i = [], 0
-    while i < len(line):
-        if line[i] == " ":
-            i += 1
-            continue
-        word, quote = "", None
-        while i < len(line) and (quote or line[i] != " "):
-            c = line[i]
-            if quote is None and c in "\"'":
-                quote = c
-            elif c == quote:
-                quote = None
-            elif c == "\\":
-                i += 1
-                word += {"n": "\n", "t": "\t"}.get(line[i], line[i])
-            else:
-                word += c
-            i += 1
-        words.append(word.replace("%%", "%"))
-    return words
 
 
 def directives(unit: str, key: str) -> list[str]:

@@ -28,6 +28,7 @@ from ct200_tools import engines as engine
 from ct200_tools.render import Rendered, render
 from ct200_tools.spec import SPEC_KEY, SiteSpec, load_spec, validate
 from testbed import units
+from testbed.units import unquote
 from tests.server_sites import TRICKY_ALIAS, VARIANTS, llama_site, variant
 from tests.unit.spec_helpers import EXAMPLE_DIR, REPO, example
 
@@ -42,32 +43,6 @@ def local(argv: Sequence[str]) -> tuple[int, str, str]:
 
 def rendered(site: SiteSpec) -> dict[str, Rendered]:
     return {s.name: render(site, s.name) for s in site.servers}
-
-
-def unquote(line: str) -> list[str]:
-    """How systemd splits an Exec*= line (systemd.service(5), "Command lines"): words separated
-    by spaces, double or single quotes around a word, C escapes inside; then $$ -> $ and %% -> %
-    (specifiers and variables are expanded before, so doubled ones stand for themselves)."""
-    words, i = [], 0
-    while i < len(line):
-        if line[i] == " ":
-            i += 1
-            continue
-        word, quote = "", None
-        while i < len(line) and (quote or line[i] != " "):
-            c = line[i]
-            if quote is None and c in "\"'":
-                quote = c
-            elif c == quote:
-                quote = None
-            elif c == "\\":
-                i += 1
-                word += {"n": "\n", "t": "\t"}.get(line[i], line[i])
-            else:
-                word += c
-            i += 1
-        words.append(word.replace("$$", "$").replace("%%", "%"))
-    return words
 
 
 def exec_words(unit: str, key: str) -> list[list[str]]:
