@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from testbed.llama_build import CMAKE_FLAGS, TARGET
+from tests.gpu import nvsmi
 from tests.gpu.carried import LLAMA_SOURCE
 
 CACHE = Path("/tmp/ct200-llama-cuda")
@@ -32,14 +33,7 @@ def cuda_flags(arch: str) -> tuple[str, ...]:
 
 def compute_arch() -> str:
     """This GPU's compute capability as CMake's architecture number (9.0 -> 90)."""
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=30,
-    ).stdout
-    return out.splitlines()[0].strip().replace(".", "")
+    return nvsmi.query("gpu", ["compute_cap"])[0]["compute_cap"].replace(".", "")
 
 
 def missing() -> str | None:

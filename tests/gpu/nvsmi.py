@@ -60,6 +60,15 @@ def parse_numa_affinity(text: str) -> dict[int, str]:
     return out
 
 
+def query(what: str, fields: list[str]) -> list[dict[str, str]]:
+    """`nvidia-smi --query-WHAT=FIELDS` (what: gpu, compute-apps) -> one dict per row."""
+    text = run(f"--query-{what}={','.join(fields)}", "--format=csv,noheader,nounits")
+    return [
+        dict(zip(fields, (c.strip() for c in ln.split(",")), strict=True))
+        for ln in text.strip().splitlines()
+    ]
+
+
 def query_gpus() -> list[dict[str, str]]:
     fields = [
         "index",
@@ -71,8 +80,4 @@ def query_gpus() -> list[dict[str, str]]:
         "pcie.link.width.max",
         "persistence_mode",
     ]
-    text = run(f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits")
-    return [
-        dict(zip(fields, (c.strip() for c in ln.split(",")), strict=True))
-        for ln in text.strip().splitlines()
-    ]
+    return query("gpu", fields)

@@ -73,21 +73,20 @@ def bench_argv(out: Path) -> list[str] | None:
 
 @pytest.fixture(scope="module")
 def report(
-    llama_server: tuple[Path, float], model_source: Path, tmp_path_factory: pytest.TempPathFactory
+    llama_server: tuple[Path, float],
+    model_source: Path,
+    smi_gpus: list[dict[str, str]],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, Any]]:
     binary, build_s = llama_server
     tmp = tmp_path_factory.mktemp("unit")
-    gpu = subprocess.run(
-        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=30,
-    ).stdout.splitlines()
     size_gib = -(-(model_source / "rand.gguf").stat().st_size // (1 << 30))
     doc = {
         "ct200_site": {
-            "gpus": {"count": len(gpu), "model": gpu[0].removeprefix("NVIDIA ").strip()},
+            "gpus": {
+                "count": len(smi_gpus),
+                "model": smi_gpus[0]["name"].removeprefix("NVIDIA ").strip(),
+            },
             "models": [
                 {
                     "name": "rand",

@@ -46,6 +46,7 @@ from ct200_tools import engines
 from ct200_tools.render import render
 from ct200_tools.spec import load_spec
 from testbed.units import unquote
+from tests.gpu import nvsmi
 from tests.gpu.faults import CLONE_NEWNS, MS_BIND, MS_PRIVATE, MS_REC, cgroup2_root, remove_cgroup
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,33 +139,6 @@ def run(argv: list[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
         "stderr": proc.stderr[-KEEP_CHARS:],
         "seconds": round(time.monotonic() - t0, 3),
     }
-
-
-def compute_apps() -> list[dict[str, str]]:
-    fields = "pid,gpu_bus_id,used_memory"
-    out = subprocess.run(
-        ["nvidia-smi", f"--query-compute-apps={fields}", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=30,
-    ).stdout
-    return [
-        dict(zip(fields.split(","), (c.strip() for c in line.split(",")), strict=False))
-        for line in out.splitlines()
-        if line.strip()
-    ]
-
-
-def gpu_bus_ids() -> list[str]:
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=30,
-    ).stdout
-    return [line.split(",")[1].strip() for line in out.splitlines() if line.strip()]
 
 
 def drive(args: argparse.Namespace, scratch: Path, report: dict[str, Any]) -> None:
@@ -290,8 +264,8 @@ def drive(args: argparse.Namespace, scratch: Path, report: dict[str, Any]) -> No
             doctor_env,
             120,
         )
-        report["compute_apps"] = compute_apps()
-        report["gpu_bus_ids"] = gpu_bus_ids()
+        report["compute_apps"] = nvsmi.query("compute-apps", ["pid", "gpu_bus_id", "used_memory"])
+        report["gpu_bus_ids"] = [gpu["pci.bus_id"] for gpu in nvsmi.query_gpus()]
         if args.sweep:
             sweep = [w.replace("{url}", engines.base_url(server)) for w in json.loads(args.sweep)]
             report["sweep"] = run(sweep, dict(os.environ), 540)
