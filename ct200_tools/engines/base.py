@@ -82,6 +82,20 @@ def args_served_name(server: ServerSpec) -> str:
     return str(name) if isinstance(name, str | int | float) and str(name) else server.model
 
 
+class PythonEngine:
+    """What every Python engine shares: `<python> -m module`, the interpreter whose
+    environment holds it, and the served name from args.served-model-name."""
+
+    def program(self, server: ServerSpec) -> str:
+        return python_of(server)
+
+    def python(self, server: ServerSpec) -> str | None:
+        return python_of(server)
+
+    def served_name(self, server: ServerSpec) -> str:
+        return args_served_name(server)
+
+
 def model_path(site: SiteSpec, server: ServerSpec) -> str:
     model = site.model(server.model)
     if model is None:  # validation refuses it; a caller passing a hand-made spec gets this

@@ -8,31 +8,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from ct200_tools.engines.base import args_served_name, model_path, python_of
+from ct200_tools.engines.base import PythonEngine, model_path, python_of
 from ct200_tools.engines.paths import config_path
 
 if TYPE_CHECKING:
     from ct200_tools.spec import ServerSpec, SiteSpec
 
 
-class SGLang:
+class SGLang(PythonEngine):
     name: Final = "sglang"
     ready_path: Final = "/health_generate"
     module: Final = "sglang.launch_server"
     dist: Final = "sglang"
     config_file: Final = True
 
-    def program(self, server: ServerSpec) -> str:
-        return python_of(server)
-
-    def python(self, server: ServerSpec) -> str | None:
-        return python_of(server)
-
     def argv(self, site: SiteSpec, server: ServerSpec) -> list[str]:
         return [python_of(server), "-m", self.module, "--config", config_path(server.name)]
-
-    def served_name(self, server: ServerSpec) -> str:
-        return args_served_name(server)
 
     def config(self, site: SiteSpec, server: ServerSpec) -> dict[str, object] | None:
         return self.options(site, server)

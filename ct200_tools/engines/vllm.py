@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Final
 
-from ct200_tools.engines.base import args_served_name, model_path, python_of
+from ct200_tools.engines.base import PythonEngine, model_path, python_of
 from ct200_tools.spec.servers import VLLM_METHODS
 
 if TYPE_CHECKING:
@@ -39,18 +39,12 @@ def speculative_config(server: ServerSpec) -> dict[str, object] | None:
     return config
 
 
-class VLLM:
+class VLLM(PythonEngine):
     name: Final = "vllm"
     ready_path: Final = "/v1/models"
     module: Final = "vllm.entrypoints.openai.api_server"
     dist: Final = "vllm"
     config_file: Final = False
-
-    def program(self, server: ServerSpec) -> str:
-        return python_of(server)
-
-    def python(self, server: ServerSpec) -> str | None:
-        return python_of(server)
 
     def argv(self, site: SiteSpec, server: ServerSpec) -> list[str]:
         words = [python_of(server), "-m", self.module, "--model", model_path(site, server)]
@@ -64,9 +58,6 @@ class VLLM:
         for key, value in server.args.items():
             words += arg_words(key, value)
         return words
-
-    def served_name(self, server: ServerSpec) -> str:
-        return args_served_name(server)
 
     def config(self, site: SiteSpec, server: ServerSpec) -> dict[str, object] | None:
         return None
