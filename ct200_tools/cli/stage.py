@@ -16,8 +16,8 @@ from ct200_tools.cli.options import internal_error, spec_option
 from ct200_tools.exitcodes import Exit
 from ct200_tools.stage.errors import StageError
 from ct200_tools.stage.options import (
-    Flag,
     ManifestCommand,
+    Spelling,
     StageCommand,
     StatusCommand,
     VerifyCommand,
@@ -79,7 +79,7 @@ def _common(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")(fn)
 
 
-#: Options the CLIs share (cli/options.py), named by stage/options.Flag.shared.
+#: Options the CLIs share (cli/options.py), named by stage/options.Spelling.shared.
 _SHARED: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {"spec": spec_option}
 
 
@@ -89,28 +89,28 @@ def _options(command: type) -> Callable[[Callable[..., Any]], Callable[..., Any]
 
     def apply(fn: Callable[..., Any]) -> Callable[..., Any]:
         for f in reversed(dataclasses.fields(command)):
-            flag: Flag = f.metadata["cli"]
-            if flag.shared is not None:
-                fn = _SHARED[flag.shared](fn)
+            how: Spelling = f.metadata["cli"]
+            if how.shared is not None:
+                fn = _SHARED[how.shared](fn)
                 continue
             missing = f.default is dataclasses.MISSING
             default = f.default_factory() if missing else f.default
-            kwargs: dict[str, Any] = {"help": flag.help}
-            if isinstance(default, bool) and not any("/" in d for d in flag.decls):
+            kwargs: dict[str, Any] = {"help": how.help}
+            if isinstance(default, bool) and not any("/" in d for d in how.decls):
                 kwargs["is_flag"] = True
             kwargs["default"] = default
-            if flag.metavar is not None:
-                kwargs["metavar"] = flag.metavar
-            if flag.show_default:
+            if how.metavar is not None:
+                kwargs["metavar"] = how.metavar
+            if how.show_default:
                 kwargs["show_default"] = True
-            if flag.choices:
-                kwargs["type"] = click.Choice(flag.choices)
-            elif flag.min is not None or flag.max is not None:
+            if how.choices:
+                kwargs["type"] = click.Choice(how.choices)
+            elif how.min is not None or how.max is not None:
                 rng = click.IntRange if isinstance(default, int) else click.FloatRange
-                kwargs["type"] = rng(flag.min, flag.max)
-            elif flag.existing_file:
+                kwargs["type"] = rng(how.min, how.max)
+            elif how.existing_file:
                 kwargs["type"] = click.Path(dir_okay=False, exists=True)
-            fn = click.option(*flag.decls, f.name, **kwargs)(fn)
+            fn = click.option(*how.decls, f.name, **kwargs)(fn)
         return fn
 
     return apply

@@ -16,7 +16,7 @@ from ct200_tools.stage.stager import default_jobs
 
 
 @dataclass(frozen=True)
-class Flag:
+class Spelling:
     """How one option is spelled on the command line (field metadata under "cli")."""
 
     decls: tuple[str, ...]
@@ -33,7 +33,7 @@ class Flag:
 
 
 def option(*decls: str, default: Any = None, **spelling: Any) -> Any:
-    return field(default=default, metadata={"cli": Flag(decls, **spelling)})
+    return field(default=default, metadata={"cli": Spelling(decls, **spelling)})
 
 
 def manifest_option() -> Any:
@@ -64,7 +64,7 @@ def jobs_option() -> Any:
     return field(
         default_factory=default_jobs,
         metadata={
-            "cli": Flag(
+            "cli": Spelling(
                 ("-j", "--jobs"), min=1, max=256, show_default=True, help="Parallel chunk reads."
             )
         },
