@@ -286,7 +286,7 @@ class RehashedFile:
 
 @dataclass(frozen=True)
 class StagedTreeFacts:
-    """What is at a model's staged path, read and not judged (checks/staged.py judges it, for
+    """What is at a model's staged path, read and not judged (stage/verdict.py judges it, for
     the doctor and `ct200-stage status` alike)."""
 
     path: str
@@ -328,7 +328,7 @@ class ModelFacts:
     staged_tree: StagedTreeFacts | None = None
     #: Snapshots from doctors before staged_tree carry the verdict itself (staged, missing,
     #: partial, unmarked, mismatch, unreadable) in these four fields; the probe no longer writes
-    #: them, and checks/staged.py judges staged_tree instead whenever it is there.
+    #: them, and stage/verdict.py judges staged_tree instead whenever it is there.
     stage_state: str | None = None
     stage_detail: str | None = None
     deep: bool = False

@@ -11,7 +11,6 @@ not be a converged re-run).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -19,10 +18,10 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import _cli
 from testbed import rootfs
 from testbed.config import DEFAULT_MACHINES, MachineSpec, Settings
 from testbed.harness import Harness, claim_test_slot
@@ -67,18 +66,20 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=5, help="runs of each play (default 5)")
-    parser.add_argument("--starts", type=int, default=3, help="warm starts to time (default 3)")
+    parser = _cli.parser(
+        __doc__, runs=5, runs_flag="--reps", runs_help="runs of each play", json=True
+    )
+    parser.add_argument(
+        "--starts", type=_cli.count, default=3, help="warm starts to time (default 3)"
+    )
     parser.add_argument("--cold", action="store_true", help="also time a from-scratch build")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
     settings = Settings.from_env()
-    results: dict[str, object] = {"machines": [s.name for s in SPECS], "reps": args.reps}
+    results: dict[str, object] = {"machines": [s.name for s in SPECS], "reps": args.runs}
 
     if args.cold:
-        with tempfile.TemporaryDirectory(prefix="ct200-bench-cache-", dir="/var/tmp") as tmp:
-            cold = Settings.from_env({**os.environ, "CT200_TESTBED_CACHE": tmp})
+        with _cli.scratch("cache", parent="/var/tmp") as tmp:
+            cold = Settings.from_env({**os.environ, "CT200_TESTBED_CACHE": str(tmp)})
             _path, seconds = rootfs.ensure(cold, Runner())
             results["cold_build_s"] = round(seconds, 1)
             shutil.rmtree(tmp, ignore_errors=True)
@@ -100,13 +101,13 @@ def main() -> int:
         results["warm_boot_s"] = summary(boots)
         inventory = report.inventory
 
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ct200-bench-")))
+        tmp = stack.enter_context(_cli.scratch("ansible"))
         results["first_converge_s"] = round(
             playbook(inventory, "playbooks/site.yml", tmp / "first.json"), 2
         )
         site, facts, plain = [], [], []
         no_persist = {"ANSIBLE_PIPELINING": "False", "ANSIBLE_SSH_ARGS": "-o ControlMaster=no"}
-        for i in range(args.reps):
+        for i in range(args.runs):
             out = tmp / f"site-{i}.json"
             site.append(playbook(inventory, "playbooks/site.yml", out))
             if changed(out):
@@ -120,11 +121,7 @@ def main() -> int:
         )
         results["site_rerun_without_pipelining_controlpersist_s"] = summary(plain)
 
-    if args.json:
-        print(json.dumps(results, indent=1))
-    else:
-        for key, value in results.items():
-            print(f"{key:<50} {value}")
+    _cli.show(results, _cli.table(results, 50), args.json)
     return 0
 
 

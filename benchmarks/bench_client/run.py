@@ -13,9 +13,7 @@ the client's core is not full, the client was not the limit; the server's was.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
 import select
 import signal
@@ -27,6 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import _cli  # noqa: E402
 from ct200_tools.bench import client  # noqa: E402
 from ct200_tools.bench.metrics import summarize  # noqa: E402
 
@@ -77,8 +76,7 @@ def measure(
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="/tmp/ct200-bench-client")
+    p = _cli.parser(__doc__, out="write results.json here", out_default="/tmp/ct200-bench-client")
     p.add_argument("--concurrency", default="1,4,16,64,256")
     p.add_argument("--requests", type=int, default=0, help="per level [default: max(32, 2x c)]")
     p.add_argument("--output-tokens", type=int, default=128)
@@ -110,9 +108,7 @@ def main() -> None:
         "paced_itl_ms": args.paced_itl_ms,
         "rows": rows,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
+    written = _cli.write_results(args.out, report)
     print(
         "mode     concurrency  tok/s   TTFT p50/p99 ms    ITL p50/p99 ms   client core  "
         "CPU us/token  failed"
@@ -126,7 +122,7 @@ def main() -> None:
             f"{100 * float(r['client_core_use'] or 0):>9.0f} %  "
             f"{r['client_cpu_us_per_token']:>12}  {r['requests_failed']}"
         )
-    print(f"written: {out / 'results.json'}")
+    print(f"written: {written}")
 
 
 def _cpu() -> str | None:

@@ -13,7 +13,6 @@ ends later, something of the doctor's own is on the critical path.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -23,6 +22,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # run as a script: benchmarks._cli from this tree
+
+from benchmarks import _cli  # noqa: E402
 
 # Runs in the child: the doctor's own steps, each stamped (perf_counter from interpreter start is
 # not available, so the parent's spawn time is the origin and the child reports deltas).
@@ -79,9 +81,8 @@ def run_once(spec: str, mode: str, nvml_prestart: bool) -> dict[str, object]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = _cli.parser(__doc__, runs=10, runs_help="runs")
     ap.add_argument("--spec", required=True)
-    ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--cuda-init", default="per-gpu", choices=("per-gpu", "all"))
     ap.add_argument(
         "--no-nvml-prestart",
@@ -90,7 +91,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     prestart = not args.no_nvml_prestart
-    runs = [run_once(args.spec, args.cuda_init, prestart) for _ in range(max(1, args.runs))]
+    runs = [run_once(args.spec, args.cuda_init, prestart) for _ in range(args.runs)]
 
     def med(values: list[float]) -> float:
         return statistics.median(values)

@@ -26,7 +26,6 @@ doctor.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -36,6 +35,11 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # run as a script: benchmarks._cli from this tree
+
+from benchmarks import _cli  # noqa: E402
 
 SCHEMA_VERSION = 2
 CUINIT = "import ctypes, sys; sys.exit(ctypes.CDLL('libcuda.so.1').cuInit(0))"
@@ -175,10 +179,10 @@ def measure(entry: list[str], spec: str, k: int, n: int, gpu: bool, runs: int, r
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = _cli.parser(
+        __doc__, runs=15, out="write doctor.json and doctor.txt here", out_required=True
+    )
     ap.add_argument("--spec", required=True)
-    ap.add_argument("--runs", type=int, default=15)
-    ap.add_argument("--out", type=Path, required=True)
     ap.add_argument(
         "--gpus",
         help="GPU counts to measure, e.g. 1,2,4,8 [default: 1, 2, 4, 8 and all, up to all]",
@@ -207,28 +211,21 @@ def main() -> None:
         probes = json.loads(report.stdout)["probes"]
     except (ValueError, KeyError) as exc:
         sys.exit(f"benchmark: {DOCTOR} --json printed no report ({exc}): {report.stdout[:500]}")
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "doctor.json").write_text(
-        json.dumps(
-            {
-                "schema_version": SCHEMA_VERSION,
-                "runs": a.runs,
-                "gpu": gpu,
-                "gpus_visible": n,
-                "gpu_counts": [c for c in counts if c],
-                "doctor_exit_codes": sorted(r.doctor_exits),
-                "rows": r.rows,
-                "goal": r.goal,
-                "cuda_children": r.children,
-                "probes": probes,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    report = {
+        "schema_version": SCHEMA_VERSION,
+        "runs": a.runs,
+        "gpu": gpu,
+        "gpus_visible": n,
+        "gpu_counts": [c for c in counts if c],
+        "doctor_exit_codes": sorted(r.doctor_exits),
+        "rows": r.rows,
+        "goal": r.goal,
+        "cuda_children": r.children,
+        "probes": probes,
+    }
     text = render(r.rows, r.goal, r.children, probes, gpu, a.runs)
-    (a.out / "doctor.txt").write_text(text)
-    print(text)
+    _cli.write_results(a.out, report, text, stem="doctor")
+    _cli.show(report, text)
 
 
 def render(

@@ -22,17 +22,17 @@ testbed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks import _cli
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -135,10 +135,10 @@ def measure(
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, Any]]:
     """Doctor alone per snapshot, then the plays; and the last fleet run's saved document."""
     playbook = [str(VENV_BIN / "ansible-playbook")]
-    with tempfile.TemporaryDirectory(prefix="ct200-bench-fleet-") as tmp:
-        inv = Path(tmp) / "hosts.yml"
+    with _cli.scratch("fleet") as tmp:
+        inv = tmp / "hosts.yml"
         names = inventory(inv, hosts)
-        saved = Path(tmp) / "fleet.json"
+        saved = tmp / "fleet.json"
         common = ["-i", str(inv), "-e", "ct200_doctor_hosts=ct"]
         doctor_yml = [*playbook, *common, "playbooks/doctor.yml"]
         noop_yml = [*playbook, *common, "benchmarks/fleet/noop.yml"]
@@ -163,7 +163,7 @@ def measure(
                 )
         doc: dict[str, Any] = json.loads(saved.read_text())
         # Every host as slow as a remote doctor of sleep_s, costing this machine no CPU.
-        script = standin(Path(tmp), sleep_s)
+        script = standin(tmp, sleep_s)
         for strategy in ("linear", "free"):
             extra = ["-f", str(max(forks)), "-e", f"ct200_doctor_strategy={strategy}"]
             extra += ["-e", f"ct200_doctor_command={script}"]
@@ -176,11 +176,15 @@ def measure(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hosts", type=int, default=50, help="inventory hosts (default 50)")
-    parser.add_argument("--reps", type=int, default=3, help="runs of each (default 3)")
+    parser = _cli.parser(
+        __doc__,
+        runs=3,
+        runs_flag="--reps",
+        runs_help="runs of each",
+        out="also write fleet.json and fleet.txt here",
+    )
+    parser.add_argument("--hosts", type=_cli.count, default=50, help="inventory hosts (default 50)")
     parser.add_argument("--forks", default="10,50", help="forks values to try (default 10,50)")
-    parser.add_argument("--out", type=Path, help="also write fleet.json and fleet.txt here")
     parser.add_argument(
         "--standin-seconds",
         type=float,
@@ -188,15 +192,13 @@ def main() -> int:
         help="how long the stand-in doctor takes on every host (default 2)",
     )
     args = parser.parse_args()
-    if args.hosts < 1 or args.reps < 1:
-        parser.error("--hosts and --reps must be at least 1")
     try:
         forks = [int(f) for f in args.forks.split(",") if f.strip()]
     except ValueError:
         parser.error(f"--forks {args.forks!r}: give numbers separated by commas, e.g. 10,50")
     if not forks or min(forks) < 1 or args.standin_seconds < 0:
         parser.error("--forks must be at least 1 and --standin-seconds not negative")
-    alone, rows, doc = measure(args.hosts, args.reps, forks, args.standin_seconds)
+    alone, rows, doc = measure(args.hosts, args.runs, forks, args.standin_seconds)
     slowest = max(a["median_s"] for a in alone.values())
     doctor_cpu = sum(alone[SNAPSHOTS[i % len(SNAPSHOTS)]]["cpu_s"] for i in range(args.hosts))
     cpus = os.cpu_count() or 1
@@ -218,7 +220,7 @@ def main() -> int:
     report = {
         "schema_version": SCHEMA_VERSION,
         "hosts": args.hosts,
-        "reps": args.reps,
+        "reps": args.runs,
         "cpus": cpus,
         "forks": forks,
         "doctor_alone": alone,
@@ -229,12 +231,9 @@ def main() -> int:
         "standin_seconds": args.standin_seconds,
         "fleet_summary": doc["summary"],
     }
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "fleet.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [
         f"fleet doctor benchmark: {args.hosts} inventory hosts (local connections), "
-        f"{cpus} CPUs, medians of {args.reps}",
+        f"{cpus} CPUs, medians of {args.runs}",
         f"doctor alone, slowest snapshot: {slowest:.2f} s; doctor CPU over all hosts "
         f"{doctor_cpu:.1f} s ({doctor_cpu / cpus:.1f} s per CPU)",
         f"{'what':<32} {'wall s':>7} {'cpu s':>7}  vs floor+slowest  vs floor+cpu/CPUs",
@@ -248,8 +247,8 @@ def main() -> int:
     lines.append(f"reproduce: .venv/bin/python -m benchmarks.fleet.bench --hosts {args.hosts}")
     text = "\n".join(lines) + "\n"
     if args.out is not None:
-        (args.out / "fleet.txt").write_text(text)
-    print(text, end="")
+        _cli.write_results(args.out, report, text, stem="fleet")
+    _cli.show(report, text)
     return 0
 
 

@@ -25,12 +25,16 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # run as a script: benchmarks._cli and ct200_tools from this tree
+
+from benchmarks import _cli  # noqa: E402
 
 GATE = "ct200-doctor gate"
 CHECK = "ct200-doctor check"
@@ -128,16 +132,13 @@ def build_site(work: Path, gpus: list[int], llama: Path | None) -> tuple[Path, l
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = _cli.parser(__doc__, runs=15, out="write gate.json and gate.txt here", out_required=True)
     ap.add_argument("--gpus", default="0", help="the server's GPUs, e.g. 0,1,2,3")
-    ap.add_argument("--runs", type=int, default=15)
-    ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--llama", type=Path, help="llama-server: serve the tiny model, time its start")
     a = ap.parse_args()
     gpus = [int(g) for g in a.gpus.split(",") if g.strip()]
     doctor = [sys.executable, "-m", "ct200_tools.cli.entry"]
-    with tempfile.TemporaryDirectory(prefix="ct200-bench-gate-") as tmp:
-        work = Path(tmp)
+    with _cli.scratch("gate") as work:
         env = {**os.environ, "CT200_MANIFEST_DIR": str(work / "manifests")}
         site, command, port = build_site(work, gpus, a.llama)
         staged_root = Path(f"/dev/shm/ct200-bench-gate-{os.getpid()}")
@@ -215,8 +216,6 @@ def run(
 
 
 def write(out: Path, report: dict[str, object]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gate.json").write_text(json.dumps(report, indent=2) + "\n")
     rows = report["rows"]
     assert isinstance(rows, list)
     lines = [f"{'command':<36} {'median s':>9} {'min s':>7} {'max s':>7} {'x gate':>7}"]
@@ -236,8 +235,8 @@ def write(out: Path, report: dict[str, object]) -> None:
         lines.append(f"gate's share of gate + server start: {100 * float(str(share)):.1f}%")
     lines.append(f"gate verdict: {report['gate_verdict']}")
     text = "\n".join(lines) + "\n"
-    (out / "gate.txt").write_text(text)
-    print(text)
+    _cli.write_results(out, report, text, stem="gate")
+    _cli.show(report, text)
 
 
 if __name__ == "__main__":

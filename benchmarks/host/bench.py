@@ -17,18 +17,17 @@ the pve machine (the task's time from the ct200_report callback), both in both p
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import _cli
 from ct200_tools import pvecfg
 from testbed.config import DEFAULT_MACHINES, MachineSpec, Settings
 from testbed.harness import Harness, claim_test_slot
@@ -130,8 +129,8 @@ def engine(reps: int) -> dict[str, Any]:
         "devices": len(DEVICES),
         "reps": reps,
     }
-    with tempfile.TemporaryDirectory(prefix="ct200-bench-host-") as tmp:
-        conf = Path(tmp) / f"{BENCH_VMID}.conf"
+    with _cli.scratch("host") as tmp:
+        conf = tmp / f"{BENCH_VMID}.conf"
         for mode in pvecfg.PASSTHROUGH:
             want = pvecfg.Want(DEVICES, mode)
             first: list[float] = []
@@ -225,7 +224,7 @@ def measure(inventory: Path, reps: int, tmp: Path) -> dict[str, Any]:
 def on_testbed(inventory: Path | None, reps: int) -> dict[str, Any]:
     """The figures of the given testbed, or of one this run brings up (and takes down)."""
     with contextlib.ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ct200-bench-host-")))
+        tmp = stack.enter_context(_cli.scratch("host"))
         if inventory is None:
             slot = claim_test_slot(Settings.from_env(), stack)
             if slot is None:
@@ -237,24 +236,22 @@ def on_testbed(inventory: Path | None, reps: int) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=5, help="runs of each play (default 5)")
-    parser.add_argument("--module-reps", type=int, default=200, help="in-process module runs")
+    parser = _cli.parser(
+        __doc__, runs=5, runs_flag="--reps", runs_help="runs of each play", json=True
+    )
+    parser.add_argument(
+        "--module-reps", type=_cli.count, default=200, help="in-process module runs"
+    )
     parser.add_argument("--inventory", type=Path, help="a running testbed's inventory")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument(
         "--module-only", action="store_true", help="only the in-process module figures (no testbed)"
     )
     args = parser.parse_args()
-    results: dict[str, Any] = {"module": engine(args.module_reps), "reps": args.reps}
+    results: dict[str, Any] = {"module": engine(args.module_reps), "reps": args.runs}
 
     if not args.module_only:
-        results.update(on_testbed(args.inventory, args.reps))
-    if args.json:
-        print(json.dumps(results, indent=1))
-    else:
-        for key, value in results.items():
-            print(f"{key:<34} {value}")
+        results.update(on_testbed(args.inventory, args.runs))
+    _cli.show(results, _cli.table(results, 34), args.json)
     return 0
 
 

@@ -15,7 +15,6 @@ controller has no GPU: its local findings fail, which costs what it costs either
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -26,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import _cli
 from testbed.config import MachineSpec, Settings
 from testbed.harness import Harness, claim_test_slot
 
@@ -89,14 +89,10 @@ def measure(ssh_config: Path, spec: Path, reps: int) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--reps", type=int, default=5, help="rounds (default 5)")
+    parser = _cli.parser(__doc__, runs=5, runs_flag="--reps", runs_help="rounds", json=True)
     parser.add_argument("--ssh-config", type=Path, help="a running testbed's ssh config")
     parser.add_argument("--spec", type=Path, default=SPEC, help="site spec (default: testbed's)")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
-    if args.reps < 1:
-        parser.error("--reps must be at least 1")
     with contextlib.ExitStack() as stack:
         config = args.ssh_config
         if config is None:
@@ -107,12 +103,8 @@ def main() -> int:
             stack.callback(harness.down, True)
             harness.up([MachineSpec.parse("pve:pve")], fresh=True)
             config = slot.ssh_config
-        results = measure(config, args.spec, args.reps)
-    if args.json:
-        print(json.dumps(results, indent=1))
-    else:
-        for key, value in results.items():
-            print(f"{key:<30} {value}")
+        results = measure(config, args.spec, args.runs)
+    _cli.show(results, _cli.table(results, 30), args.json)
     return 0
 
 

@@ -37,14 +37,12 @@ serving `tiny`), and per run:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -52,6 +50,7 @@ from typing import Any
 
 import yaml
 
+from benchmarks import _cli
 from testbed import llama_build, ssh
 from testbed.config import DEFAULT_MACHINES, MachineSpec, Settings
 from testbed.harness import Harness, RebootReport, claim_test_slot
@@ -365,23 +364,17 @@ def text(result: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3, help="rounds of each measure (default 3)")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--out", type=Path, help="also write results.json and results.txt here")
-    args = parser.parse_args()
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
-    with tempfile.TemporaryDirectory(prefix="ct200-bench-recovery-") as tmp:
-        result = measure(args.runs, Path(tmp))
+    args = _cli.parser(
+        __doc__, runs=3, json=True, out="also write results.json and results.txt here"
+    ).parse_args()
+    with _cli.scratch("recovery") as tmp:
+        result = measure(args.runs, tmp)
         if args.out is not None:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-            (args.out / "results.txt").write_text(text(result))
+            _cli.write_results(args.out, result, text(result))
             # Where the seconds go: the callback's record of the run the floors were counted from.
-            first = Path(tmp) / "recover-first-run.json"
+            first = tmp / "recover-first-run.json"
             (args.out / first.name).write_bytes(first.read_bytes())
-    print(json.dumps(result, indent=1) if args.json else text(result), end="")
+    _cli.show(result, text(result), args.json)
     return 0
 
 

@@ -13,17 +13,16 @@ interleaved with it, the client polling /health itself.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks import _cli
 from testbed import llama_build, ssh
 from testbed.config import MachineSpec, Settings
 from testbed.harness import Harness, claim_test_slot
@@ -246,20 +245,14 @@ def text(result: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5, help="rounds of each measure (default 5)")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--out", type=Path, help="also write results.json and results.txt here")
-    args = parser.parse_args()
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
-    with tempfile.TemporaryDirectory(prefix="ct200-bench-servers-") as tmp:
-        result = measure(args.runs, Path(tmp))
+    args = _cli.parser(
+        __doc__, runs=5, json=True, out="also write results.json and results.txt here"
+    ).parse_args()
+    with _cli.scratch("servers") as tmp:
+        result = measure(args.runs, tmp)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-        (args.out / "results.txt").write_text(text(result))
-    print(json.dumps(result, indent=1) if args.json else text(result), end="")
+        _cli.write_results(args.out, result, text(result))
+    _cli.show(result, text(result), args.json)
     return 0
 
 

@@ -49,6 +49,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import _cli
 from ct200_tools.fsutil import write_atomic
 from ct200_tools.stage.builder import build_manifest
 from ct200_tools.stage.capacity import fs_type_of
@@ -94,12 +95,17 @@ def parse_size(text: str) -> int:
 
 
 def args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = _cli.parser(
+        None,
+        runs=3,
+        runs_flag="--rounds",
+        runs_help="runs of each contender",
+        out="directory for results.json and results.txt",
+        out_required=True,
         prog="python3 -m benchmarks.stage",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--out", required=True, help="directory for results.json and results.txt")
     p.add_argument("--size", default="8G", help="total model size (default 8G)")
     p.add_argument("--shard-size", default="1G", help="size of each shard (default 1G)")
     p.add_argument(
@@ -108,7 +114,6 @@ def args() -> argparse.Namespace:
         default=default_jobs(),
         help=f"ct200-stage threads and parallel cats (default {default_jobs()})",
     )
-    p.add_argument("--rounds", type=int, default=3, help="runs of each contender (default 3)")
     p.add_argument("--data", default="/var/tmp/ct200-bench-data", help="source dir (on disk)")
     p.add_argument("--dst", default="/dev/shm/ct200-bench", help="destination (tmpfs)")
     p.add_argument(
@@ -267,8 +272,7 @@ def select(only: str) -> tuple[list[str], list[str], list[str]]:
 
 def main() -> None:
     a = args()
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = a.out
     size, shard = parse_size(a.size), parse_size(a.shard_size)
     src, dst = Path(a.data), Path(a.dst)
     contenders, verifiers, skipped = select(a.only)
@@ -304,12 +308,11 @@ def main() -> None:
         report = summarize(
             a, rounds, done, cpu, total, len(files), cold, skipped, manifest_seconds, src, dst
         )
-        write_atomic(str(out / "results.json"), json.dumps(report, indent=1) + "\n")
         text = render(report)
-        write_atomic(str(out / "results.txt"), text)
+        _cli.write_results(out, report, text)
         return text
 
-    for r in range(a.rounds if contenders else 0):
+    for r in range(a.runs if contenders else 0):
         order = contenders[r % len(contenders) :] + contenders[: r % len(contenders)]
         for name in order:
             shutil.rmtree(dst, ignore_errors=True)
@@ -322,12 +325,12 @@ def main() -> None:
         save(r + 1)
     if verifiers:  # the staged copy is in RAM: nothing to drop between these
         run_once(command("ct200-stage", src, dst, manifest_path, a.jobs, files))
-        for r in range(a.rounds):
+        for r in range(a.runs):
             for name in verifiers[r % len(verifiers) :] + verifiers[: r % len(verifiers)]:
                 timed(name, r)
         shutil.rmtree(dst, ignore_errors=True)
 
-    print(save(a.rounds))
+    print(save(a.runs))
     if a.remove_data:  # kept by default: a rerun with the same shape reuses it
         shutil.rmtree(src, ignore_errors=True)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -14,6 +15,13 @@ from ct200_tools import __version__
 from ct200_tools.cli.options import internal_error, spec_option
 from ct200_tools.exitcodes import Exit
 from ct200_tools.stage.errors import StageError
+from ct200_tools.stage.options import (
+    ManifestCommand,
+    Spelling,
+    StageCommand,
+    StatusCommand,
+    VerifyCommand,
+)
 from ct200_tools.stage.progress import NullProgress, ProgressSink, TtyProgress
 
 EPILOG = """\b
@@ -32,7 +40,6 @@ Exit codes: 0 done, 2 a check failed (verification, capacity, a refusal, a busy 
 """
 
 SCHEMA_VERSION = 1
-READ_MODES = ("auto", "direct", "buffered")
 
 
 class _Out:
@@ -72,35 +79,41 @@ def _common(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")(fn)
 
 
-def _engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    from ct200_tools.stage.stager import default_jobs  # noqa: PLC0415
-
-    fn = click.option(
-        "--read-mode",
-        type=click.Choice(READ_MODES),
-        default="buffered",
-        show_default=True,
-        help="Source reads through the page cache (dropped behind us; measured fastest), or "
-        "O_DIRECT (direct; auto: where the filesystem allows).",
-    )(fn)
-    return click.option(
-        "-j",
-        "--jobs",
-        type=click.IntRange(1, 256),
-        default=default_jobs(),
-        show_default=True,
-        help="Parallel chunk reads.",
-    )(fn)
+#: Options the CLIs share (cli/options.py), named by stage/options.Spelling.shared.
+_SHARED: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {"spec": spec_option}
 
 
-def _manifest_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--manifest",
-        "manifest_path",
-        metavar="PATH",
-        help="Manifest file [default: $CT200_MANIFEST_DIR or /var/lib/ct200/manifests, "
-        "then <name>.json].",
-    )(fn)
+def _options(command: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The click options of one command's options dataclass (stage/options.py), in its field
+    order; the command's function receives them as keyword arguments named after the fields."""
+
+    def apply(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for f in reversed(dataclasses.fields(command)):
+            how: Spelling = f.metadata["cli"]
+            if how.shared is not None:
+                fn = _SHARED[how.shared](fn)
+                continue
+            missing = f.default is dataclasses.MISSING
+            default = f.default_factory() if missing else f.default
+            kwargs: dict[str, Any] = {"help": how.help}
+            if isinstance(default, bool) and not any("/" in d for d in how.decls):
+                kwargs["is_flag"] = True
+            kwargs["default"] = default
+            if how.metavar is not None:
+                kwargs["metavar"] = how.metavar
+            if how.show_default:
+                kwargs["show_default"] = True
+            if how.choices:
+                kwargs["type"] = click.Choice(how.choices)
+            elif how.min is not None or how.max is not None:
+                rng = click.IntRange if isinstance(default, int) else click.FloatRange
+                kwargs["type"] = rng(how.min, how.max)
+            elif how.existing_file:
+                kwargs["type"] = click.Path(dir_okay=False, exists=True)
+            fn = click.option(*how.decls, f.name, **kwargs)(fn)
+        return fn
+
+    return apply
 
 
 def _out(command: str, as_json: bool, quiet: bool) -> _Out:
@@ -117,151 +130,55 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("source", type=click.Path(file_okay=False))
-@click.option("--name", help="Model name [default: the source directory's name].")
-@_manifest_option
-@click.option("--force", is_flag=True, help="Replace an existing manifest that differs.")
-@click.option(
-    "--lfs/--no-lfs",
-    default=True,
-    show_default=True,
-    help="Also check sha256 against Hugging Face LFS metadata found in the source (slower).",
-)
-@click.option(
-    "--model-info",
-    type=click.Path(dir_okay=False, exists=True),
-    help="Hub API model info JSON (/api/models/<id>?blobs=true) giving siblings[].lfs.sha256.",
-)
-@_engine_options
+@_options(ManifestCommand)
 @_common
-def manifest(
-    source: str,
-    name: str | None,
-    manifest_path: str | None,
-    force: bool,
-    lfs: bool,
-    model_info: str | None,
-    jobs: int,
-    read_mode: str,
-    as_json: bool,
-    quiet: bool,
-) -> None:
+def manifest(source: str, as_json: bool, quiet: bool, **given: Any) -> None:
     """Hash the model at SOURCE (read-only) and write its manifest."""
     from ct200_tools.stage import commands  # noqa: PLC0415
 
     out = _out("manifest", as_json, quiet)
-    res = commands.make_manifest(
-        source, name, manifest_path, force, lfs, model_info, jobs, read_mode, out.progress()
-    )
+    res = commands.make_manifest(source, ManifestCommand(**given), out.progress())
     out.done(True, res.data, res.lines)
 
 
 @cli.command()
 @click.argument("target", nargs=-1, required=True, metavar="SRC DST | MODEL")
-@spec_option
-@_manifest_option
-@click.option(
-    "--name",
-    help="Model name for messages and the manifest [default: from the spec "
-    "or the source directory].",
-)
-@click.option(
-    "--create-manifest",
-    is_flag=True,
-    help="With no manifest yet: build it from this copy (trusting the source as read).",
-)
-@click.option(
-    "--replace",
-    is_flag=True,
-    help="Swap out what ct200-stage staged at DST (another model, or a copy that does not "
-    "verify: it is re-hashed first) atomically once the new copy is verified. Never touches a "
-    "directory ct200-stage did not make.",
-)
-@click.option(
-    "--wait",
-    type=click.FloatRange(0),
-    default=0.0,
-    metavar="SECONDS",
-    help="Wait this long for another stage of the same target to finish.",
-)
-@click.option(
-    "--reserve",
-    metavar="SIZE",
-    help="RAM to leave free, e.g. 64G [default: the spec's shm.reserve_ram, else 0].",
-)
-@_engine_options
+@_options(StageCommand)
 @_common
-def stage(
-    target: tuple[str, ...],
-    spec_path: str | None,
-    manifest_path: str | None,
-    name: str | None,
-    create_manifest: bool,
-    replace: bool,
-    wait: float,
-    reserve: str | None,
-    jobs: int,
-    read_mode: str,
-    as_json: bool,
-    quiet: bool,
-) -> None:
+def stage(target: tuple[str, ...], as_json: bool, quiet: bool, **given: Any) -> None:
     """Copy a model into place, verifying every chunk, and publish it atomically."""
     from ct200_tools.stage import commands  # noqa: PLC0415
 
     out = _out("stage", as_json, quiet)
     if len(target) > 2:
         raise click.UsageError("give SRC DST, or one MODEL name from the spec")
-    res = commands.stage_model(
-        target,
-        spec_path=spec_path,
-        manifest_path=manifest_path,
-        name=name,
-        create_manifest=create_manifest,
-        replace=replace,
-        wait=wait,
-        reserve=reserve,
-        jobs=jobs,
-        read_mode=read_mode,
-        progress=out.progress(),
-    )
+    res = commands.stage_model(target, StageCommand(**given), out.progress())
     out.done(True, res.data, res.lines)
 
 
 @cli.command()
 @click.argument("path")
-@_manifest_option
-@spec_option
-@_engine_options
+@_options(VerifyCommand)
 @_common
-def verify(
-    path: str,
-    manifest_path: str | None,
-    spec_path: str | None,
-    jobs: int,
-    read_mode: str,
-    as_json: bool,
-    quiet: bool,
-) -> None:
+def verify(path: str, as_json: bool, quiet: bool, **given: Any) -> None:
     """Re-hash PATH (a staged copy, a source, or a model name) against its manifest."""
     from ct200_tools.stage import commands  # noqa: PLC0415
 
     out = _out("verify", as_json, quiet)
-    res = commands.verify_path(path, manifest_path, spec_path, jobs, read_mode, out.progress())
+    res = commands.verify_path(path, VerifyCommand(**given), out.progress())
     out.done(True, res.data, res.lines)
 
 
 @cli.command()
 @click.argument("paths", nargs=-1, metavar="[PATH]...")
-@spec_option
-@click.option("--deep", is_flag=True, help="Re-hash every staged file (reads it all).")
+@_options(StatusCommand)
 @_common
-def status(
-    paths: tuple[str, ...], spec_path: str | None, deep: bool, as_json: bool, quiet: bool
-) -> None:
+def status(paths: tuple[str, ...], as_json: bool, quiet: bool, **given: Any) -> None:
     """What is staged: every model of the spec (or the given PATHs). Exit 2 if any is not."""
     from ct200_tools.stage import commands  # noqa: PLC0415
 
     out = _out("status", as_json, quiet)
-    res = commands.status(paths, spec_path, deep)
+    res = commands.status(paths, StatusCommand(**given))
     out.done(res.ok, res.data, res.lines)
 
 

@@ -1,5 +1,8 @@
 """The probes' only door to the machine: a reader rooted at a directory.
 
+The file reads a staged tree needs (read_regular, listdir, stat, open_binary, lock_holder...)
+come from stage/reader.TreeReader, which the stager owns and reads through itself.
+
 Production reads "/"; tests point `root` at a tree of files recorded on real machines and, for
 what a tree cannot hold (char devices, open() errors), override `stat_node` and `try_open`.
 """
@@ -7,16 +10,15 @@ what a tree cannot hold (char devices, open() errors), override `stat_node` and 
 from __future__ import annotations
 
 import errno
-import io
 import os
 import socket
 import stat
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ct200_tools import httpclient
+from ct200_tools.stage.reader import TreeReader
 
 
 @dataclass(frozen=True)
@@ -41,16 +43,14 @@ class RunTimeout(OSError):
 
 
 @dataclass
-class Reader:
-    root: Path = Path("/")
+class Reader(TreeReader):
+    """root (from TreeReader): the directory read as "/"."""
+
     #: Re-hash staged models instead of comparing sizes (`check --deep`): seconds per GB.
     deep: bool = False
     #: Filled by the probes: "<probe>.<what>" -> reason. One dict per run, so probes running in
     #: parallel each write their own keys.
     unreadable: dict[str, str] = field(default_factory=dict)
-
-    def path(self, p: str) -> Path:
-        return self.root / p.lstrip("/")
 
     def read_text(self, p: str) -> str:
         return self.path(p).read_text(encoding="utf-8", errors="replace")
@@ -58,53 +58,11 @@ class Reader:
     def read_bytes(self, p: str) -> bytes:
         return self.path(p).read_bytes()
 
-    def read_regular(self, p: str, max_bytes: int) -> bytes:
-        """A file written by someone else (a marker, a manifest): a regular file of at most
-        max_bytes, read by untrusted.read_bounded, so a FIFO or a device there is refused at once
-        instead of hanging the probe. Refusals are OSError (FileNotFoundError when absent) with
-        the reason as strerror, as any other unreadable file."""
-        from ct200_tools.untrusted import UntrustedInputError, read_bounded  # noqa: PLC0415
-
-        try:
-            return read_bounded(self.path(p), "file", max_bytes, "")
-        except UntrustedInputError as exc:
-            if exc.problem == "missing":
-                raise FileNotFoundError(errno.ENOENT, "no such file", p) from None
-            raise OSError(errno.EINVAL, exc.reason, p) from None
-
     def exists(self, p: str) -> bool:
         return self.path(p).exists()
 
-    def listdir(self, p: str) -> list[str]:
-        return sorted(os.listdir(self.path(p)))
-
     def statvfs(self, p: str) -> os.statvfs_result:
         return os.statvfs(self.path(p))
-
-    def stat(self, p: str) -> os.stat_result:
-        """stat(), following symlinks."""
-        return os.stat(self.path(p))
-
-    def lstat(self, p: str) -> os.stat_result:
-        return os.lstat(self.path(p))
-
-    def is_dir(self, p: str) -> bool:
-        return self.path(p).is_dir()
-
-    def is_file(self, p: str) -> bool:
-        return self.path(p).is_file()
-
-    def open_binary(self, p: str) -> io.FileIO:
-        """Unbuffered, read-only: for reading large files in chunks (readinto a reused buffer)."""
-        return io.FileIO(self.path(p), "r")
-
-    def lock_holder(self, p: str) -> str | None:
-        """The text of lock file p while another process holds an flock on it (a running stage
-        writes its pid there); None when nobody holds it or there is no such file. Finding it
-        free means holding a shared lock for an instant, as ct200-stage's own status does."""
-        from ct200_tools.stage.lock import held_by  # noqa: PLC0415 - only when models are read
-
-        return held_by(str(self.path(p)))
 
     def stat_node(self, p: str) -> NodeStat | None:
         """lstat a device node; None when absent. Raises OSError for other failures."""

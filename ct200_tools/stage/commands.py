@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, cast
 from ct200_tools.fsutil import write_atomic
 from ct200_tools.stage import tree
 from ct200_tools.stage.builder import build_manifest
-from ct200_tools.stage.engine import ReadMode
 from ct200_tools.stage.errors import (
     LockBusyError,
     RefusedError,
@@ -26,6 +25,7 @@ from ct200_tools.stage.errors import (
 )
 from ct200_tools.stage.lock import holder_pid
 from ct200_tools.stage.manifest import default_manifest_path, load_manifest
+from ct200_tools.stage.options import ManifestCommand, StageCommand, StatusCommand, VerifyCommand
 from ct200_tools.stage.progress import ProgressSink
 from ct200_tools.stage.sizes import format_size
 from ct200_tools.stage.stager import StageOptions, stage
@@ -43,26 +43,16 @@ class CommandResult:
     ok: bool = True
 
 
-def make_manifest(
-    source: str,
-    name: str | None,
-    manifest_path: str | None,
-    force: bool,
-    lfs: bool,
-    model_info: str | None,
-    jobs: int,
-    read_mode: str,
-    progress: ProgressSink,
-) -> CommandResult:
-    name = name or os.path.basename(os.path.realpath(source))
-    path = manifest_path or default_manifest_path(name)
+def make_manifest(source: str, o: ManifestCommand, progress: ProgressSink) -> CommandResult:
+    name = o.name or os.path.basename(os.path.realpath(source))
+    path = o.manifest_path or default_manifest_path(name)
     report = build_manifest(
         source,
         name,
-        jobs=jobs,
-        read_mode=cast(ReadMode, read_mode),
-        lfs=lfs,
-        model_info=model_info,
+        jobs=o.jobs,
+        read_mode=o.read_mode,
+        lfs=o.lfs,
+        model_info=o.model_info,
         progress=progress,
     )
     new = report.manifest
@@ -74,7 +64,7 @@ def make_manifest(
             old_digest = None
         if old_digest == new.digest:
             action = "unchanged"
-        elif not force:
+        elif not o.force:
             raise RefusedError(
                 f"a manifest for {name} already exists at {path} and the source now differs "
                 f"(was {old_digest or 'unreadable'}, now {new.digest}); nothing was written",
@@ -102,7 +92,7 @@ def make_manifest(
     lfs_line = (
         f"; sha256 matched Hugging Face's for {report.lfs_checked} file(s)"
         if report.lfs_checked
-        else ("; no Hugging Face LFS metadata found" if lfs else "")
+        else ("; no Hugging Face LFS metadata found" if o.lfs else "")
     )
     lines = [
         f"manifest {action}: {path}",
@@ -114,41 +104,28 @@ def make_manifest(
     return CommandResult(data, lines)
 
 
-def stage_model(
-    target: Sequence[str],
-    *,
-    spec_path: str | None,
-    manifest_path: str | None,
-    name: str | None,
-    create_manifest: bool,
-    replace: bool,
-    wait: float,
-    reserve: str | None,
-    jobs: int,
-    read_mode: str,
-    progress: ProgressSink,
-) -> CommandResult:
-    reserve_bytes = _size(reserve) if reserve is not None else None
+def stage_model(target: Sequence[str], o: StageCommand, progress: ProgressSink) -> CommandResult:
+    reserve_bytes = _size(o.reserve) if o.reserve is not None else None
     if len(target) == 1:
-        model, spec = _model_from_spec(target[0], spec_path)
-        source, dst, name = model.source, model.staged, name or model.name
+        model, spec = _model_from_spec(target[0], o.spec_path)
+        source, dst, name = model.source, model.staged, o.name or model.name
         if reserve_bytes is None:
             reserve_bytes = spec.shm.reserve_ram
     else:
         source, dst = target
-        name = name or os.path.basename(os.path.realpath(source))
+        name = o.name or os.path.basename(os.path.realpath(source))
     options = StageOptions(
-        jobs=jobs,
-        read_mode=cast(ReadMode, read_mode),
+        jobs=o.jobs,
+        read_mode=o.read_mode,
         reserve=reserve_bytes or 0,
-        replace=replace,
-        wait=wait,
-        create_manifest=create_manifest,
+        replace=o.replace,
+        wait=o.wait,
+        create_manifest=o.create_manifest,
     )
     result = stage(
         source,
         dst,
-        manifest_path=manifest_path or default_manifest_path(name),
+        manifest_path=o.manifest_path or default_manifest_path(name),
         name=name,
         options=options,
         progress=progress,
@@ -165,16 +142,9 @@ def stage_model(
     return CommandResult(result.to_dict(), [head, *(f"  {n}" for n in result.notes)])
 
 
-def verify_path(
-    path: str,
-    manifest_path: str | None,
-    spec_path: str | None,
-    jobs: int,
-    read_mode: str,
-    progress: ProgressSink,
-) -> CommandResult:
+def verify_path(path: str, o: VerifyCommand, progress: ProgressSink) -> CommandResult:
     if not os.path.isdir(path) and os.sep not in path:
-        model, _spec = _model_from_spec(path, spec_path)
+        model, _spec = _model_from_spec(path, o.spec_path)
         path = model.staged
     pid = holder_pid(path)
     if pid is not None:
@@ -184,9 +154,9 @@ def verify_path(
             "wait for the stage to finish, then verify again",
         )
     restage: str | None = None
-    if manifest_path is not None:
-        manifest = load_manifest(manifest_path)
-        against = manifest_path
+    if o.manifest_path is not None:
+        manifest = load_manifest(o.manifest_path)
+        against = o.manifest_path
     else:
         embedded = embedded_manifest(path) if os.path.isdir(path) else None
         if embedded is None:
@@ -199,9 +169,7 @@ def verify_path(
                 raise StageError(f"{path}: {status.state}: {status.detail}", "stage it first")
             restage = _restage_command(path)
     try:
-        result = verify_tree(
-            path, manifest, jobs=jobs, read_mode=cast(ReadMode, read_mode), progress=progress
-        )
+        result = verify_tree(path, manifest, jobs=o.jobs, read_mode=o.read_mode, progress=progress)
     except VerifyError as exc:
         if restage is not None:
             exc.fix = f"restage it from the persistent copy: {restage}"
@@ -214,17 +182,17 @@ def verify_path(
     return CommandResult(data, lines)
 
 
-def status(paths: Sequence[str], spec_path: str | None, deep: bool) -> CommandResult:
+def status(paths: Sequence[str], o: StatusCommand) -> CommandResult:
     rows: list[dict[str, object]] = []
     targets: list[tuple[str, str, str | None]]
     if paths:
         targets = [(os.path.basename(os.path.abspath(p)), p, None) for p in paths]
     else:
-        spec = _load_spec(spec_path)
+        spec = _load_spec(o.spec_path)
         targets = [(m.name, m.staged, default_manifest_path(m.name)) for m in spec.models]
     for name, staged, manifest in targets:
         have_manifest = manifest is not None and os.path.exists(manifest)
-        st = model_status(staged, deep, manifest=manifest if have_manifest else None)
+        st = model_status(staged, o.deep, manifest=manifest if have_manifest else None)
         row = {"name": name, **st.to_dict(), "manifest_path": manifest}
         if manifest is not None and not have_manifest:
             row["note"] = f"no source manifest at {manifest}: make one with ct200-stage manifest"

@@ -142,3 +142,28 @@ def test_a_read_only_destination_is_an_os_message_not_a_traceback(
     assert "Traceback" not in res.stderr and "fix:" in res.stderr
     assert "Read-only file system" in res.stderr
     assert _json(res.stdout)["error"]["kind"] == "os"  # type: ignore[index]
+
+
+def test_each_option_is_defined_once_in_stage_options() -> None:
+    """ct200-stage's options are the fields of stage/options.py, nothing more or less: a field
+    without its option (or an option spelled in the CLI alone) would be a second definition."""
+    import dataclasses  # noqa: PLC0415
+
+    from ct200_tools.cli.stage import cli as stage_cli  # noqa: PLC0415
+    from ct200_tools.stage import options  # noqa: PLC0415
+
+    shapes = {
+        "manifest": options.ManifestCommand,
+        "stage": options.StageCommand,
+        "verify": options.VerifyCommand,
+        "status": options.StatusCommand,
+    }
+    assert set(shapes) == set(stage_cli.commands)
+    for name, shape in shapes.items():
+        command = stage_cli.commands[name]
+        got = [p.name for p in command.params if p.param_type_name == "option"]
+        assert got == [f.name for f in dataclasses.fields(shape)] + ["as_json", "quiet"], name
+        # A command run with no options gets the dataclass's own defaults.
+        given = command.make_context(name, ["x"]).params
+        for f in dataclasses.fields(shape):
+            assert given[f.name] == getattr(shape(), f.name), (name, f.name)

@@ -20,7 +20,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ct200_tools.checks.staged import MAX_ERRORS, stage_verdict
 from ct200_tools.facts import (
     ManifestFacts,
     ManifestFile,
@@ -37,6 +36,7 @@ from ct200_tools.stage.builder import build_manifest
 from ct200_tools.stage.lock import target_lock
 from ct200_tools.stage.stager import StageOptions, stage
 from ct200_tools.stage.tree import partial_path
+from ct200_tools.stage.verdict import MAX_ERRORS, stage_verdict
 
 
 def run(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
