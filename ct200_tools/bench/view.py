@@ -53,6 +53,23 @@ def point_lines(record: Mapping[str, object]) -> list[str]:
             f"    engine: {_num(timed.get('predicted_per_token_ms_mean'), 2)} ms/token"
             + (f", draft acceptance {_num(100 * rate)} %" if isinstance(rate, float) else "")
         )
+    spec = record.get("speculative")
+    if isinstance(spec, dict):
+        if spec.get("available") is False:
+            lines.append(f"    speculative: no acceptance figure: {show(spec.get('reason'), 200)}")
+        else:
+            rate = spec.get("acceptance_rate")
+            lines.append(
+                f"    speculative ({show(spec.get('engine'), 20)}): acceptance length "
+                f"{_num(spec.get('acceptance_length'), 2)}, rate "
+                + (f"{_num(100 * rate)} %" if isinstance(rate, int | float) else "-")
+            )
+    gpu = record.get("gpu")
+    throttled = gpu.get("throttled") if isinstance(gpu, dict) else None
+    if throttled:
+        lines.append(f"    THROTTLED: {show('; '.join(map(str, throttled)), 200)}")
+    if record.get("forced") is True:
+        lines.append("    FORCED: measured past a failing doctor check (gate_failures)")
     errors = record.get("errors")
     if isinstance(errors, dict):
         for message, count in sorted(errors.items(), key=lambda kv: -int(kv[1])):
