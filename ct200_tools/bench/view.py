@@ -65,6 +65,15 @@ def point_lines(record: Mapping[str, object]) -> list[str]:
                 + (f"{_num(100 * rate)} %" if isinstance(rate, int | float) else "-")
             )
     gpu = record.get("gpu")
+    after = gpu.get("after") if isinstance(gpu, dict) else None
+    if isinstance(after, dict) and isinstance(after.get("gpus"), list):
+        shown = [
+            f"GPU{g.get('index')} SM {_num(g.get('sm_clock_mhz'), 0)} MHz, "
+            f"{_num(g.get('temperature_c'), 0)} C, {_num(g.get('power_w'), 0)} W"
+            for g in after["gpus"][:8]
+            if isinstance(g, dict)
+        ]
+        lines.append("    after: " + "; ".join(shown))
     throttled = gpu.get("throttled") if isinstance(gpu, dict) else None
     if throttled:
         lines.append(f"    THROTTLED: {show('; '.join(map(str, throttled)), 200)}")

@@ -199,6 +199,7 @@ def test_a_sweep_over_two_sets_switches_to_each_in_turn(
     assert isinstance(gpu_a, dict) and isinstance(gpu_b, dict)
     assert gpu_a["before"]["gpus"][0]["sm_clock_mhz"] == 345  # the recorded H200, via NVML
     assert gpu_a["throttled"] == []
+    assert "    after: GPU0 SM 345 MHz, 33 C, 80 W" in point_lines(got[0])
     assert gpu_b["before"] == {"available": False, "reason": "the server has no GPUs"}
     prov = provenance(out)
     assert (prov["mode"], prov["gated"], prov["state"], prov["target"]) == (

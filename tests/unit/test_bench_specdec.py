@@ -116,6 +116,26 @@ def test_the_watch_reads_before_and_after_over_http() -> None:
     assert isinstance(got, dict) and got["acceptance_length"] == 3.0
 
 
+def test_a_metrics_page_over_the_bound_is_refused_not_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(specdec, "MAX_METRICS_BYTES", 1000)
+    page = text("vllm-after.prom")
+    assert len(page.encode()) > 1000
+
+    async def main() -> tuple[str, object]:
+        runner, url = await _serve([page, page])
+        try:
+            watch = MetricsWatch(url, expected=True)
+            return url, await watch.after(await watch.before())
+        finally:
+            await runner.cleanup()
+
+    url, got = asyncio.run(main())
+    assert got == {
+        "available": False,
+        "reason": f"GET {url}/metrics: answer longer than 1000 bytes",
+    }
+
+
 def test_a_speculative_server_without_metrics_says_why() -> None:
     async def main() -> tuple[object, object]:
         runner, url = await _serve(["x 1\n", "x 1\n", "x 1\n", "x 1\n"])
