@@ -3,6 +3,9 @@
 The run's provenance is written before the first request (state "running") and rewritten at the
 end ("finished", or "interrupted" on Ctrl-C); a run killed outright stays "running", and --resume
 continues it: the same plan and target, the points it recorded skipped.
+
+run() measures one server given by --target (ungated); run_managed() switches to each serving
+set of the plan and measures it only when the doctor passes it (or --force), see managed.py.
 """
 
 from __future__ import annotations
