@@ -154,7 +154,7 @@ def run(
     """Run PLAN (a YAML file): on the container each serving set switched to and admitted by
     the doctor; with --target against that server (ungated). Or one ad-hoc sweep from the
     options against --target."""
-    from ct200_tools.bench import session  # noqa: PLC0415
+    from ct200_tools.bench import managed_run, session  # noqa: PLC0415
 
     given = {
         "concurrency": concurrency,
@@ -198,10 +198,10 @@ def run(
             model,
         )
     if target is None:
-        site, source = session.load_site(spec_path)
-        outcome = session.run_managed(
+        site, source = managed_run.load_site(spec_path)
+        outcome = managed_run.run_managed(
             plan,
-            session.Managed(site, source, force),
+            managed_run.Managed(site, source, force),
             out_dir,
             resume=resume,
             as_json=as_json,

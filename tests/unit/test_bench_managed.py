@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ct200_tools.bench import managed, session
+from ct200_tools.bench import managed, managed_run, session
 from ct200_tools.bench.plan import PlanError, load_plan
 from ct200_tools.bench.view import point_lines
 from ct200_tools.checks import for_scope, run_checks, select
@@ -143,9 +143,9 @@ def run(
     spec = write_site(tmp, port)
     out = tmp / "out"
     printed: list[str] = []
-    outcome = session.run_managed(
+    outcome = managed_run.run_managed(
         load_plan(str(write_plan(tmp, sets))),
-        session.Managed(
+        managed_run.Managed(
             load_spec(spec),
             str(spec),
             force,
