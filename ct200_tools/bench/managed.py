@@ -148,6 +148,25 @@ def server_files(name: str, unit_dir: str = UNIT_DIR) -> dict[str, dict[str, obj
     return out
 
 
+def machine_summary(facts: Facts | None, name: str) -> dict[str, object]:
+    """What a reader of results asks first, from the doctor's facts: the driver and CUDA
+    driver, the GPUs' models, and the engine's distribution installed for this server."""
+    nvml = facts.nvml if facts is not None else None
+    server = next((s for s in (facts.servers or ()) if s.name == name), None) if facts else None
+    engine = server.engine if server is not None else None
+    return {
+        "driver": {
+            "version": nvml.driver_version if nvml else None,
+            "cuda_driver_version": nvml.cuda_driver_version if nvml else None,
+            "gpus": [g.name for g in nvml.gpus] if nvml else None,
+        },
+        "engine_installed": {
+            "dist": engine.dist if engine else None,
+            "version": engine.dist_version if engine else None,
+        },
+    }
+
+
 @dataclass(frozen=True)
 class Admission:
     """A serving set admitted to the benchmark (or forced through)."""
@@ -186,6 +205,7 @@ class Admission:
                 "failing": failing(r.findings),
             },
             "forced": self.forced,
+            **machine_summary(r.facts, self.name),
             "facts": to_jsonable(r.facts) if r.facts is not None else None,
         }
 

@@ -267,6 +267,8 @@ def test_force_runs_anyway_and_records_forced_with_the_findings(
     assert isinstance(sets, dict)
     assert sets["set-a"]["forced"] is True and sets["set-a"]["gate"]["passed"] is False
     assert sets["set-a"]["facts"]["hostname"] == "vm"  # the doctor's facts snapshot
+    # Recorded without a driver (llama-cpu-stopped.json): said so, not guessed.
+    assert sets["set-a"]["driver"] == {"version": None, "cuda_driver_version": None, "gpus": None}
     # The report says how these figures were taken.
     proc = bench("report", str(out), "--out", str(tmp_path / "report"))
     assert proc.returncode == 0, proc.stderr
@@ -347,3 +349,14 @@ def test_bad_managed_input_is_exit_2(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "no.yml" in missing.stderr
     assert "Traceback" not in proc.stderr + missing.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_machine_summary_of_recorded_h200_facts() -> None:
+    facts = read_file(FIXTURES / "facts" / "h200-healthy.json")
+    got = managed.machine_summary(facts, "none")
+    assert got["driver"] == {
+        "version": "580.159.04",
+        "cuda_driver_version": 13000,
+        "gpus": ["NVIDIA H200"],
+    }
+    assert got["engine_installed"] == {"dist": None, "version": None}
