@@ -168,6 +168,11 @@ def run(
             "give a PLAN (run on the container: each serving set switched to and admitted by "
             "the doctor), or --target URL for a server this machine does not manage"
         )
+    if target is None and label != "target":
+        raise click.UsageError(
+            "--label names the server of a --target run; a run without --target measures the "
+            "plan's serving_sets under their own names"
+        )
     if target is not None and (force or spec_path is not None):
         raise click.UsageError(
             "--force and --spec belong to a managed run (no --target): a --target run is "

@@ -202,6 +202,7 @@ def test_an_unreachable_target_is_exit_2_with_a_fix_and_no_traceback(tmp_path: P
             ["--target", "http://127.0.0.1:9", "--concurrency", "1", *ADHOC, "--force"],
             "never switched nor gated",
         ),
+        (["plan.yml", "--label", "x"], "a run without --target measures the plan's"),
         (
             ["--target", "http://127.0.0.1:9", "--concurrency", "1", *ADHOC, "--label", "a\x1b"],
             "is no name",
