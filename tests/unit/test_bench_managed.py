@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -294,6 +295,15 @@ def test_the_report_plots_acceptance_length_when_points_have_it(
     assert page.count("<svg") == 4 and "Speculative acceptance length" in page
     table = (tmp_path / "report" / "table.md").read_text().splitlines()
     assert [row.split(" | ")[-2] for row in table[2:]] == ["2.50", "3.00"]
+    # A drop in acceptance length is a regression compare names.
+    new = tmp_path / "new"
+    shutil.copytree(out, new)
+    for p in got:
+        p["speculative"] = {"engine": "vllm", "acceptance_length": 1.5}
+    (new / "results.jsonl").write_text("".join(json.dumps(p) + "\n" for p in got))
+    proc = bench("compare", str(out), str(new))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout.count("REGRESSION") == 2 and "acceptance_length" in proc.stdout
 
 
 def test_a_failed_switch_refuses_and_keeps_the_sets_before(
