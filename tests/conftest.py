@@ -80,6 +80,7 @@ TESTBED_ORDER = (
     "test_testbed_harness",
     "test_recovery",
     "test_servers",
+    "test_bench_managed",
 )
 
 

@@ -27,6 +27,7 @@ FIGURES: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("itl_p50_ms", ("itl_ms", "p50"), False),
     ("itl_p99_ms", ("itl_ms", "p99"), False),
     ("e2e_p50_ms", ("e2e_ms", "p50"), False),
+    ("acceptance_length", ("speculative", "acceptance_length"), True),
 )
 HIGHER_IS_BETTER = {name: higher for name, _, higher in FIGURES}
 
@@ -74,6 +75,19 @@ class Group:
             if isinstance(value, int | float) and not isinstance(value, bool):
                 values.append(float(value))
         return stat(values)
+
+    def flags(self) -> list[str]:
+        """What the reader must know about how these figures were taken: admitted past a
+        failing doctor (forced), with a GPU throttled, or not admitted at all (ungated)."""
+        out = []
+        if any(p.get("forced") is True for p in self.points):
+            out.append("forced")
+        gpu = [p.get("gpu") for p in self.points]
+        if any(isinstance(g, dict) and g.get("throttled") for g in gpu):
+            out.append("throttled")
+        if any(p.get("gated") is False for p in self.points):
+            out.append("ungated")
+        return out
 
     def total(self, key: str) -> int:
         return sum(

@@ -15,7 +15,15 @@ from dataclasses import asdict, dataclass
 from ct200_tools.bench.aggregate import HIGHER_IS_BETTER, Loaded
 from ct200_tools.untrusted import show
 
-COMPARED = ("output_tokens_per_s", "ttft_p50_ms", "tpot_p50_ms", "itl_p50_ms", "e2e_p50_ms")
+#: acceptance_length only where both sides measured speculative decoding (vLLM, SGLang).
+COMPARED = (
+    "output_tokens_per_s",
+    "ttft_p50_ms",
+    "tpot_p50_ms",
+    "itl_p50_ms",
+    "e2e_p50_ms",
+    "acceptance_length",
+)
 
 
 @dataclass(frozen=True)

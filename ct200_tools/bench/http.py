@@ -65,6 +65,30 @@ async def request_json(
     return Answer(url, status, data)
 
 
+async def request_text(
+    session: aiohttp.ClientSession, url: str, max_bytes: int, timeout_s: float = 5.0
+) -> tuple[str | None, str | None]:
+    """GET a text page (Prometheus /metrics): (text, None), or (None, why not). At most
+    `max_bytes` are read; longer, not UTF-8 or not HTTP 200 is an error, never a partial page."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.get(url) as resp:
+                raw = await resp.content.read(max_bytes + 1)
+                status = resp.status
+    except TimeoutError:
+        return None, f"no answer within {timeout_s:g} s"
+    except (aiohttp.ClientError, OSError) as exc:
+        return None, f"{type(exc).__name__}: {show(exc, 200)}"
+    if status != 200:
+        return None, f"HTTP {status}"
+    if len(raw) > max_bytes:
+        return None, f"answer longer than {max_bytes} bytes"
+    try:
+        return raw.decode("utf-8"), None
+    except UnicodeDecodeError:
+        return None, "answer is not UTF-8"
+
+
 def new_session(timeout_s: float = 10.0) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=timeout_s), auto_decompress=False

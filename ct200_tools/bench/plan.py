@@ -2,9 +2,9 @@
 
 Validated like the site spec, with the same bounded reader (ct200_tools.spec.files: size, UTF-8,
 alias bombs, duplicate keys) and the same Section getters, so every problem is reported at once
-with its field path and the fix, before anything is sent. The managed mode (serving sets switched
-with ct200-serve switch behind the doctor's gate) reads the same `serving_sets`; this version
-benchmarks one server given with --target and records the run as ungated.
+with its field path and the fix, before anything is sent. `serving_sets` names servers of the
+site spec: without --target each is switched to and admitted by the doctor in turn (managed.py,
+which checks the names against the spec); with --target a plan names at most one, its label.
 
 ```yaml
 serving_sets: [qwen-tp4-ddtree]          # names from the site spec; a label with --target

@@ -91,7 +91,7 @@ def describe_engine(info: dict[str, object]) -> str:
     return what + (f", serving {show(', '.join(models), 120)}" if models else "")
 
 
-def base_provenance(argv: list[str], target: str, run_id: str) -> dict[str, object]:
+def base_provenance(argv: list[str], target: str | None, run_id: str) -> dict[str, object]:
     try:
         aiohttp_version: str | None = metadata.version("aiohttp")
     except metadata.PackageNotFoundError:

@@ -27,7 +27,17 @@ PLOTS: tuple[tuple[str, str, str, tuple[tuple[str, str], ...]], ...] = (
      (("ttft_p50_ms", " p50"), ("ttft_p99_ms", " p99"))),
     ("itl", "ITL percentiles against concurrency", "ITL (ms)",
      (("itl_p50_ms", " p50"), ("itl_p99_ms", " p99"))),
+    ("acceptance", "Speculative acceptance length against concurrency", "acceptance length",
+     (("acceptance_length", ""),)),
 )  # fmt: skip
+#: Plotted only when some point has the figure (a run without speculative decoding has none).
+OPTIONAL_PLOTS = frozenset({"acceptance"})
+
+
+def plots(loaded: Loaded) -> list[tuple[str, str, str, tuple[tuple[str, str], ...]]]:
+    return [p for p in PLOTS if p[0] not in OPTIONAL_PLOTS or series(loaded, p[3])]
+
+
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 Series = dict[str, list[tuple[int, float]]]
@@ -83,6 +93,8 @@ def rows(loaded: Loaded) -> list[list[str]]:
                 _fmt(g.figure("tpot_p50_ms"), 2),
                 itl,
                 _fmt(g.figure("e2e_p50_ms"), 0),
+                _fmt(g.figure("acceptance_length"), 2),
+                ", ".join(g.flags()),
             ]
         )
     return out
@@ -90,7 +102,7 @@ def rows(loaded: Loaded) -> list[list[str]]:
 
 HEAD = (
     "Configuration", "Load", "Reps", "OK/failed", "Output tok/s", "TTFT p50/p99 ms",
-    "TPOT p50 ms", "ITL p50/p99 ms", "E2EL p50 ms",
+    "TPOT p50 ms", "ITL p50/p99 ms", "E2EL p50 ms", "Accept len", "Notes",
 )  # fmt: skip
 
 
@@ -190,14 +202,15 @@ def html_page(loaded: Loaded, notes: Sequence[str]) -> str:
     table = ["<table>", "<tr>" + "".join(f"<th>{e(h)}</th>" for h in HEAD) + "</tr>"]
     table += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows(loaded)]
     table.append("</table>")
-    plots = [svg(title, ylabel, series(loaded, figs)) for _, title, ylabel, figs in PLOTS]
+    charts = [svg(title, ylabel, series(loaded, figs)) for _, title, ylabel, figs in plots(loaded)]
     runs = []
     for run_id, prov in sorted(loaded.runs.items()):
         engine = prov.get("engine")
         what = engine.get("engine") if isinstance(engine, dict) else None
         name = what.get("name") if isinstance(what, dict) else None
         runs.append(
-            f"<li>{e(show(run_id, 60))}: {e(show(prov.get('target'), 120))}, engine "
+            f"<li>{e(show(run_id, 60))}: {e(show(prov.get('target') or prov.get('mode'), 120))}"
+            ", engine "
             f"{e(show(name, 40))}, model {e(show(prov.get('model'), 80))}, "
             f"{e(show(prov.get('started'), 30))} to {e(show(prov.get('finished'), 30))}, "
             f"host {e(show(prov.get('host'), 60))}, "
@@ -211,11 +224,14 @@ def html_page(loaded: Loaded, notes: Sequence[str]) -> str:
             "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
             "td:first-child,th:first-child{text-align:left}</style></head><body>",
             "<h1>ct200-bench report</h1>",
-            *plots,
+            *charts,
             "<h2>Results</h2>",
             *table,
             "<p>Mean ± standard deviation over the repetitions; latencies in milliseconds. "
-            "Metrics as vLLM bench serve and SGLang bench_serving define them.</p>",
+            "Metrics as vLLM bench serve and SGLang bench_serving define them. Notes: forced = "
+            "measured past a failing doctor check (--force); throttled = a GPU clock-event "
+            "reason (power cap, thermal or hardware slowdown) was active before or after a "
+            "point; ungated = a --target run, not admitted by the doctor.</p>",
             "<h2>Runs</h2><ul>",
             *runs,
             "</ul>",
@@ -236,7 +252,7 @@ def pngs(loaded: Loaded, out_dir: str) -> tuple[list[str], list[str]]:
             "PNG plots skipped: matplotlib is not installed (pip install 'ct200-tools[report]')"
         ]
     files = []
-    for stem, title, ylabel, figs in PLOTS:
+    for stem, title, ylabel, figs in plots(loaded):
         fig, ax = plt.subplots(figsize=(7, 4))
         for name, pts in sorted(series(loaded, figs).items()):
             ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=show(name, 40))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from ct200_tools.bench import client, prompts, provenance
@@ -17,6 +17,7 @@ from ct200_tools.bench.http import new_session
 from ct200_tools.bench.metrics import summarize
 from ct200_tools.bench.plan import Plan, Workload, read_prompts
 from ct200_tools.bench.results import Store
+from ct200_tools.bench.watch import Watch
 
 #: The schema of a point (results.jsonl lines and --json output), docs/bench.md.
 POINT_SCHEMA: Final = 1
@@ -74,6 +75,11 @@ class Sweep:
     on_point: OnPoint | None = None
     #: Called with the point's key, requests finished and requests in all (a TTY's live line).
     progress: Callable[[str, int, int], None] | None = None
+    #: Admitted by the doctor's gate (managed mode); `extra` adds the admission's fields.
+    gated: bool = False
+    extra: dict[str, object] = field(default_factory=dict)
+    #: Read before and after each point's counted requests (GPU telemetry, /metrics).
+    watches: tuple[Watch, ...] = ()
 
     async def _requests(
         self, w: Workload, cache: dict[str, tuple[list[client.Request], str]]
@@ -118,9 +124,15 @@ class Sweep:
                     self.target, self.model, warm, load, self.plan.timeout_s
                 )
                 warm_failed = sum(1 for r in warm_results if not r.ok)
+            states = [await w.before() for w in self.watches]
             results, duration = await client.run_point(
                 self.target, self.model, counted, load, self.plan.timeout_s, self._progress(p)
             )
+            watched = {}
+            for w, state in zip(self.watches, states, strict=True):
+                value = await w.after(state)
+                if value is not None:
+                    watched[w.name] = value
             record: dict[str, object] = {
                 "schema_version": POINT_SCHEMA,
                 "run_id": self.run_id,
@@ -128,7 +140,8 @@ class Sweep:
                 "serving_set": p.serving_set,
                 "target": self.target,
                 "model": self.model,
-                "gated": False,
+                "gated": self.gated,
+                **self.extra,
                 "workload": {
                     "name": p.workload.name,
                     "input_tokens": p.workload.input_tokens,
@@ -145,6 +158,7 @@ class Sweep:
                 "started": started,
                 "finished": provenance.now_iso(),
                 **summarize(results, duration, self.plan.slo),
+                **watched,
             }
             self.store.add_point(record)
             records.append(record)

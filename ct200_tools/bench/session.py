@@ -3,6 +3,9 @@
 The run's provenance is written before the first request (state "running") and rewritten at the
 end ("finished", or "interrupted" on Ctrl-C); a run killed outright stays "running", and --resume
 continues it: the same plan and target, the points it recorded skipped.
+
+run() measures one server given by --target (ungated); managed_run.run_managed() switches to
+each serving set of the plan first and measures it only when the doctor passes it (or --force).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from ct200_tools.bench.plan import Plan, Workload, load_plan
 from ct200_tools.bench.results import Store
 from ct200_tools.bench.runner import BenchError, Sweep, points, resolve_model
 from ct200_tools.bench.view import point_lines
+from ct200_tools.bench.watch import MetricsWatch
 from ct200_tools.untrusted import show
 
 Echo = Callable[..., None]
@@ -76,7 +80,7 @@ def adhoc_plan(
     )
 
 
-def _progress(echo: Echo) -> Callable[[str, int, int], None]:
+def progress_line(echo: Echo) -> Callable[[str, int, int], None]:
     def show_progress(key: str, done: int, total: int) -> None:
         echo(f"\r\x1b[K  {show(key, 80)}: {done}/{total} requests", nl=False, err=True)
 
@@ -101,11 +105,11 @@ def run(
     if len(plan.serving_sets) > 1:
         raise BenchError(
             f"the plan names {len(plan.serving_sets)} serving sets, and --target is one server",
-            "benchmark one serving set per --target run (serving_sets: [NAME]); switching "
-            "between sets comes with the managed mode",
+            "benchmark one serving set per --target run (serving_sets: [NAME]), or run the "
+            "plan without --target on the container: it switches to each set in turn",
         )
     if resume:
-        run_id, prov, done = _resume(store, plan, target, label, out_dir, argv)
+        run_id, prov, done = resume_run(store, plan, target, label, out_dir, argv)
     else:
         run_id, prov = _start(store, plan, target, label, argv)
         done = frozenset()
@@ -122,26 +126,23 @@ def run(
         what = provenance.describe_engine(engine) if isinstance(engine, dict) else "?"
         echo(
             f"ct200-bench: run {run_id} against {show(target)} ({what}), model "
-            f"{show(model, 80)}, ungated"
+            f"{show(model, 80)}, ungated (a --target run: not switched, not checked by the doctor)"
             + (f"; resuming after {len(done)} point(s)" if resume else "")
         )
-    failed = 0
-
-    def on_point(record: dict[str, object]) -> None:
-        nonlocal failed
-        failed += int(record.get("requests_failed") or 0)  # type: ignore[call-overload]
-        if tty:
-            echo("\r\x1b[K", nl=False, err=True)
-        if as_json:
-            echo(json.dumps(record, sort_keys=True))
-        else:
-            for line in point_lines(record):
-                echo(line)
-        sys.stdout.flush()
-
-    sweep = Sweep(plan, target, store, run_id, model, done, label, on_point)
+    on_point = Printer(echo, as_json, tty)
+    sweep = Sweep(
+        plan,
+        target,
+        store,
+        run_id,
+        model,
+        done,
+        label,
+        on_point,
+        watches=(MetricsWatch(target, False),),
+    )
     if tty:
-        sweep.progress = _progress(echo)
+        sweep.progress = progress_line(echo)
     try:
         records = asyncio.run(sweep.run())
     except KeyboardInterrupt:
@@ -151,6 +152,7 @@ def run(
     prov.update(state="finished", finished=provenance.now_iso())
     store.write_provenance(run_id, prov)
     total = len(points(plan, label))
+    failed = on_point.failed
     if not as_json:
         echo(
             f"ct200-bench: {len(records)} point(s) recorded ({total - len(records)} before), "
@@ -160,18 +162,18 @@ def run(
     return Outcome(run_id, len(records), failed)
 
 
-def _new_id(store: Store) -> str:
+def new_id(store: Store) -> str:
     from ct200_tools.bench.results import new_run_id  # noqa: PLC0415
 
     run_id = new_run_id()
     # Run ids sort by start time; two runs in one second get distinct suffixes.
     if store.run_dir(run_id).exists():
-        return _new_id(store)
+        return new_id(store)
     return run_id
 
 
-def _resume(
-    store: Store, plan: Plan, target: str, label: str, out_dir: str, argv: list[str]
+def resume_run(
+    store: Store, plan: Plan, target: str | None, label: str, out_dir: str, argv: list[str]
 ) -> tuple[str, dict[str, object], frozenset[str]]:
     run_id = store.last_run()
     if run_id is None:
@@ -202,8 +204,27 @@ def _start(
     store: Store, plan: Plan, target: str, label: str, argv: list[str]
 ) -> tuple[str, dict[str, object]]:
     model, info = asyncio.run(resolve_model(target, plan.model))
-    run_id = _new_id(store)
+    run_id = new_id(store)
     prov = provenance.base_provenance(argv, target, run_id)
-    prov.update(plan=plan.as_dict(), model=model, engine=info, serving_set=label)
+    prov.update(mode="target", plan=plan.as_dict(), model=model, engine=info, serving_set=label)
     store.start(run_id, prov)
     return run_id, prov
+
+
+class Printer:
+    """Prints each finished point (a JSON line, or the text view) and counts failed requests."""
+
+    def __init__(self, echo: Echo, as_json: bool, tty: bool) -> None:
+        self.echo, self.as_json, self.tty = echo, as_json, tty
+        self.failed = 0
+
+    def __call__(self, record: dict[str, object]) -> None:
+        self.failed += int(record.get("requests_failed") or 0)  # type: ignore[call-overload]
+        if self.tty:
+            self.echo("\r\x1b[K", nl=False, err=True)
+        if self.as_json:
+            self.echo(json.dumps(record, sort_keys=True))
+        else:
+            for line in point_lines(record):
+                self.echo(line)
+        sys.stdout.flush()

@@ -53,6 +53,32 @@ def point_lines(record: Mapping[str, object]) -> list[str]:
             f"    engine: {_num(timed.get('predicted_per_token_ms_mean'), 2)} ms/token"
             + (f", draft acceptance {_num(100 * rate)} %" if isinstance(rate, float) else "")
         )
+    spec = record.get("speculative")
+    if isinstance(spec, dict):
+        if spec.get("available") is False:
+            lines.append(f"    speculative: no acceptance figure: {show(spec.get('reason'), 200)}")
+        else:
+            rate = spec.get("acceptance_rate")
+            lines.append(
+                f"    speculative ({show(spec.get('engine'), 20)}): acceptance length "
+                f"{_num(spec.get('acceptance_length'), 2)}, rate "
+                + (f"{_num(100 * rate)} %" if isinstance(rate, int | float) else "-")
+            )
+    gpu = record.get("gpu")
+    after = gpu.get("after") if isinstance(gpu, dict) else None
+    if isinstance(after, dict) and isinstance(after.get("gpus"), list):
+        shown = [
+            f"GPU{g.get('index')} SM {_num(g.get('sm_clock_mhz'), 0)} MHz, "
+            f"{_num(g.get('temperature_c'), 0)} C, {_num(g.get('power_w'), 0)} W"
+            for g in after["gpus"][:8]
+            if isinstance(g, dict)
+        ]
+        lines.append("    after: " + "; ".join(shown))
+    throttled = gpu.get("throttled") if isinstance(gpu, dict) else None
+    if throttled:
+        lines.append(f"    THROTTLED: {show('; '.join(map(str, throttled)), 200)}")
+    if record.get("forced") is True:
+        lines.append("    FORCED: measured past a failing doctor check (gate_failures)")
     errors = record.get("errors")
     if isinstance(errors, dict):
         for message, count in sorted(errors.items(), key=lambda kv: -int(kv[1])):

@@ -13,11 +13,15 @@ from urllib.parse import urlsplit
 import click
 
 from ct200_tools import __version__
-from ct200_tools.cli.options import internal_error
+from ct200_tools.cli.options import internal_error, spec_option
+from ct200_tools.spec import SpecError
 from ct200_tools.untrusted import UntrustedInputError, is_plain, show
 
 EPILOG = """\b
 Examples:
+  ct200-bench run plan.yml --out results/      on the container: each serving set of the plan
+      switched to with ct200-serve switch, admitted by the doctor, then measured
+  ct200-bench run plan.yml --out results/ --force   measure a set the doctor fails (recorded)
   ct200-bench run --target http://127.0.0.1:30000 --concurrency 1,4 \\
       --input-tokens 128 --output-tokens 64 --requests 32 --out results/
   ct200-bench run plan.yml --target http://127.0.0.1:30000 --out results/ --json
@@ -28,7 +32,9 @@ Examples:
 \b
 Exit codes: 0 done, every request answered; 1 done, some requests failed or timed out (each
 point says how many and why); 2 bad input, refused before any request; 3 the tool itself broke;
-4 the results could not be written (the points written before are whole; --resume continues).
+4 the results could not be written (the points written before are whole; --resume continues);
+5 a serving set is not benchmark-ready (its switch failed, or the doctor's check of it failed
+and no --force): the doctor's root cause and fix are printed, the sets before it are kept.
 """
 
 
@@ -38,6 +44,7 @@ class Exit(enum.IntEnum):
     BAD_INPUT = 2
     INTERNAL = 3
     STORE = 4
+    NOT_READY = 5
     INTERRUPTED = 130
 
 
@@ -102,6 +109,12 @@ AD_HOC = ("concurrency", "request_rate", "input_tokens", "output_tokens", "reque
 @cli.command()
 @click.argument("plan_path", metavar="[PLAN]", required=False)
 @click.option("--target", callback=_target, help="The server's base URL (no switch, no gate).")
+@spec_option
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Without --target: benchmark a serving set the doctor's check fails (recorded).",
+)
 @click.option("--out", "out_dir", required=True, help="Results directory (appended to).")
 @click.option(
     "--concurrency", callback=_csv(int, 1), help="Ad hoc: concurrency levels, e.g. 1,4,8."
@@ -122,6 +135,8 @@ AD_HOC = ("concurrency", "request_rate", "input_tokens", "output_tokens", "reque
 def run(
     plan_path: str | None,
     target: str | None,
+    spec_path: str | None,
+    force: bool,
     out_dir: str,
     concurrency: tuple[int, ...] | None,
     request_rate: tuple[float, ...] | None,
@@ -136,8 +151,10 @@ def run(
     resume: bool,
     as_json: bool,
 ) -> None:
-    """Run PLAN (a YAML file), or one ad-hoc sweep from the options, against --target."""
-    from ct200_tools.bench import session  # noqa: PLC0415
+    """Run PLAN (a YAML file): on the container each serving set switched to and admitted by
+    the doctor; with --target against that server (ungated). Or one ad-hoc sweep from the
+    options against --target."""
+    from ct200_tools.bench import managed_run, session  # noqa: PLC0415
 
     given = {
         "concurrency": concurrency,
@@ -146,10 +163,20 @@ def run(
         "output_tokens": output_tokens,
         "requests": requests,
     }
-    if target is None:
+    if target is None and plan_path is None:
         raise click.UsageError(
-            "--target URL is required: this version benchmarks a server it does not manage "
-            "(switching serving sets behind the doctor's gate comes with the managed mode)"
+            "give a PLAN (run on the container: each serving set switched to and admitted by "
+            "the doctor), or --target URL for a server this machine does not manage"
+        )
+    if target is None and label != "target":
+        raise click.UsageError(
+            "--label names the server of a --target run; a run without --target measures the "
+            "plan's serving_sets under their own names"
+        )
+    if target is not None and (force or spec_path is not None):
+        raise click.UsageError(
+            "--force and --spec belong to a managed run (no --target): a --target run is "
+            "never switched nor gated"
         )
     if plan_path is not None:
         both = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None]
@@ -175,6 +202,19 @@ def run(
             timeout_s or 600.0,
             model,
         )
+    if target is None:
+        site, source = managed_run.load_site(spec_path)
+        outcome = managed_run.run_managed(
+            plan,
+            managed_run.Managed(site, source, force),
+            out_dir,
+            resume=resume,
+            as_json=as_json,
+            argv=["ct200-bench", *sys.argv[1:]],
+            echo=click.echo,
+            tty=sys.stderr.isatty() and not as_json,
+        )
+        sys.exit(Exit.FAILED if outcome.failed_requests else Exit.OK)
     outcome = session.run(
         plan,
         target,
@@ -254,6 +294,7 @@ def _fail(lines: Sequence[str], code: Exit) -> NoReturn:
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Console entry: every error becomes a message and an exit code, never a traceback."""
+    from ct200_tools.bench.managed import NotReady  # noqa: PLC0415
     from ct200_tools.bench.plan import PlanError  # noqa: PLC0415
     from ct200_tools.bench.results import StoreError  # noqa: PLC0415
     from ct200_tools.bench.runner import BenchError  # noqa: PLC0415
@@ -264,6 +305,18 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         _fail(
             [f"ct200-bench: {exc}", *(f"  error: {i}" for i in exc.issues)],
             Exit.BAD_INPUT,
+        )
+    except SpecError as exc:
+        _fail([f"ct200-bench: {exc}", *(f"  error: {i}" for i in exc.issues)], Exit.BAD_INPUT)
+    except NotReady as exc:
+        _fail(
+            [
+                *exc.lines,
+                f"ct200-bench: refused: {exc.message}",
+                f"  fix: {exc.fix}",
+                "  the points of the sets before it are kept (--resume continues after the fix)",
+            ],
+            Exit.NOT_READY,
         )
     except (BenchError, UntrustedInputError) as exc:
         _fail([f"ct200-bench: {exc.message}", f"  fix: {exc.fix}"], Exit.BAD_INPUT)

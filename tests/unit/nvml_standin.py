@@ -39,6 +39,8 @@ NVML_NVLINK_MAX_LINKS = 36
 NVML_FEATURE_ENABLED = 1
 #: nvidia-smi -q: clocks_event_reason_gpu_idle "Active", every other reason "Not Active".
 NVML_CLOCKS_EVENT_REASON_GPU_IDLE = 0x1
+#: nvmlClockType_t NVML_CLOCK_SM / NVML_CLOCK_MEM and nvmlTemperatureSensors_t NVML_TEMPERATURE_GPU.
+NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
 
 
 class NVMLError(Exception):
@@ -73,6 +75,14 @@ class RecordedGpu:
     cpu_affinity_words: tuple[int, ...]  # 64-bit words, CPU n = bit n % 64 of word n // 64
     #: None: the call raises NVMLError(NOT_SUPPORTED), as recorded.
     retired_pages_pending: int | None
+    #: Clocks, temperature and power as nvidia-smi -q read them on the same machine type
+    #: (tests/fixtures/raw/h200/nvidia-smi-q.xml: sm_clock 345 MHz, mem_clock 3201 MHz at idle,
+    #: gpu_temp 33 C, average_power_draw 80.46 W: NVML's power usage is that 1 s average on
+    #: Hopper, in milliwatts).
+    sm_clock_mhz: int = 345
+    mem_clock_mhz: int = 3201
+    temperature_c: int = 33
+    power_mw: int = 80460
 
 
 #: GPU 0 of the H200 machine, as recorded.
@@ -212,6 +222,21 @@ class NvmlStandin:
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: _Handle) -> int:
         return self._gpu(handle).clocks_event_reasons
+
+    def nvmlDeviceGetClockInfo(self, handle: _Handle, clock_type: int) -> int:
+        gpu = self._gpu(handle)
+        clocks = {NVML_CLOCK_SM: gpu.sm_clock_mhz, NVML_CLOCK_MEM: gpu.mem_clock_mhz}
+        if clock_type not in clocks:
+            raise NVMLError(2)  # NVML_ERROR_INVALID_ARGUMENT: only these two were recorded
+        return clocks[clock_type]
+
+    def nvmlDeviceGetTemperature(self, handle: _Handle, sensor: int) -> int:
+        if sensor != NVML_TEMPERATURE_GPU:
+            raise NVMLError(2)
+        return self._gpu(handle).temperature_c
+
+    def nvmlDeviceGetPowerUsage(self, handle: _Handle) -> int:
+        return self._gpu(handle).power_mw
 
     def nvmlDeviceGetCpuAffinity(self, handle: _Handle, cpu_set_size: int) -> Any:
         # pynvml returns the ctypes array itself.

@@ -197,7 +197,12 @@ def test_an_unreachable_target_is_exit_2_with_a_fix_and_no_traceback(tmp_path: P
         (["--target", "http://127.0.0.1:9", "--concurrency", "0", *ADHOC], "below 1"),
         (["--target", "http://127.0.0.1:9", "--concurrency", "1,x", *ADHOC], "not a number"),
         (["--target", "http://127.0.0.1:9", *ADHOC], "--concurrency LIST"),
-        (["--concurrency", "1", *ADHOC], "--target URL is required"),
+        (["--concurrency", "1", *ADHOC], "or --target URL for a server"),
+        (
+            ["--target", "http://127.0.0.1:9", "--concurrency", "1", *ADHOC, "--force"],
+            "never switched nor gated",
+        ),
+        (["plan.yml", "--label", "x"], "a run without --target measures the plan's"),
         (
             ["--target", "http://127.0.0.1:9", "--concurrency", "1", *ADHOC, "--label", "a\x1b"],
             "is no name",
