@@ -18,14 +18,9 @@ spins on a CPU. copy_file_range, sendfile and splice are not used: the bytes wou
 through memory we hash.
 
 Reads go through the page cache by default, each thread streaming a run of chunks through one
-descriptor so that readahead keeps the disk busy while the thread hashes and writes. The pages
-are not kept, because page cache is charged to the same memory cgroup as the tmpfs we are
-filling, and each new page costs the machine a fresh page: where the kernel and filesystem offer
-uncached buffered reads (preadv2 RWF_DONTCACHE: Linux 6.14, ext4, XFS, btrfs...), the kernel
-drops each page as soon as it is copied out, with readahead as usual; elsewhere each chunk's
-pages are dropped with POSIX_FADV_DONTNEED once it is done. (On 16 CPUs the fadvise calls of 32
-threads cost reads up to a fifth of their rate: each that misses a page held in another CPU's
-LRU batch drains every CPU's, under one mutex. docs/staging.md.) O_DIRECT ("direct", or "auto": where the filesystem
+descriptor so that readahead keeps the disk busy while the thread hashes and writes; each chunk's
+pages are dropped (POSIX_FADV_DONTNEED) once it is done, because page cache is charged to the same
+memory cgroup as the tmpfs we are filling. O_DIRECT ("direct", or "auto": where the filesystem
 allows) skips the page cache entirely; on the virtio disks measured it was 10-15% slower, since each
 thread then has one synchronous read in flight instead of readahead's asynchronous ones.
 The source is opened O_RDONLY|O_NOATIME: staging never changes it, not even its atime.
@@ -60,8 +55,6 @@ READ_MODES: tuple[ReadMode, ...] = ("auto", "direct", "buffered")
 #: How bytes reach the target: "map" where it can (memory-backed targets), else "pwrite".
 WriteMode = Literal["map", "pwrite"]
 #: madvise(2) MADV_POPULATE_WRITE (Linux 5.14; asm-generic value), unnamed in older Pythons.
-#: preadv2(2) RWF_DONTCACHE (Linux 6.14): drop the pages read once copied out.
-RWF_DONTCACHE = getattr(os, "RWF_DONTCACHE", 0x80)
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 #: O_DIRECT wants offsets, lengths and buffers aligned to the logical block size (512 or 4096).
 ALIGN = 4096
@@ -183,8 +176,6 @@ class ChunkEngine:
         self._map = False
         self._mismatches: list[VerifyError] = []
         self._direct = read_mode != "buffered"
-        #: Uncached buffered reads, until the kernel or a filesystem refuses them.
-        self._dontcache = drop_cache
         self._lock = threading.Lock()
         self._abort = threading.Event()
         self._errors: list[BaseException] = []
@@ -437,9 +428,6 @@ class ChunkEngine:
         direct = getattr(os, "O_DIRECT", 0) if self._direct else 0
         return os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOATIME", 0) | direct
 
-    def _no_dontcache(self) -> None:
-        self._dontcache = False
-
     def _no_direct(self) -> bool:
         """O_DIRECT failed here: give it up for this run, unless the user insisted on it."""
         if self.read_mode == "direct":
@@ -525,15 +513,10 @@ class _Source:
     def read(self, view: memoryview, pos: int, want: int) -> memoryview:
         direct = self.direct
         while True:
-            dontcache = self.engine._dontcache and not direct
             try:
-                buf = [view[: _align_up(want) if direct else want]]
-                n = os.preadv(self.fd, buf, pos, RWF_DONTCACHE if dontcache else 0)
+                n = os.preadv(self.fd, [view[: _align_up(want) if direct else want]], pos)
                 break
             except OSError as exc:
-                if dontcache and exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
-                    self.engine._no_dontcache()  # older kernel, or a filesystem without it
-                    continue
                 if direct and exc.errno == errno.EINVAL and self.engine._no_direct():
                     # Accepted O_DIRECT at open, refused it on read (some FUSE and network
                     # filesystems): continue buffered.
@@ -557,8 +540,6 @@ class _Source:
         # Buffered reads leave the source in the page cache, charged to our memory cgroup next to
         # the tmpfs we fill; we will not read it again.
         if self.engine.drop_cache and not self.direct and end > start:
-            if self.engine._dontcache:
-                return  # the kernel dropped each page as it was read
             os.posix_fadvise(self.fd, start, end - start, os.POSIX_FADV_DONTNEED)
 
     def close(self) -> None:
