@@ -12,10 +12,8 @@ Contenders (each copies the same safetensors-shaped shards from disk into DST, u
 Only with --only (where the time of a stage goes):
   ct200-read            the stage's reads and hashes without the writes (what a manifest costs)
   ct200-nodrop          the stage keeping the source's page cache (no POSIX_FADV_DONTNEED)
-  ct200-pwrite          the stage writing with pwrite from its buffers instead of reading into
-                        a mapping of the target (as before issue 22's second change)
-  ct200-nolock          ct200-pwrite without its per-file write lock (as before issue 22):
-                        threads writing one file wait for each other in the kernel, spinning
+  ct200-nolock          the stage without its per-file write lock (as before issue 22): threads
+                        writing one file wait for each other in the kernel, spinning
   ct200-buffer16M       the stage with the 16 MiB read buffer it used before issue 10
   ct200-jobsN           the stage with N threads instead of --jobs (e.g. ct200-jobs4)
   dd-nocache-parallel   cat-parallel with `dd iflag=nocache`, which drops the page cache behind
@@ -68,7 +66,6 @@ CONTENDERS = (
 BREAKDOWN = (
     "ct200-read",
     "ct200-nodrop",
-    "ct200-pwrite",
     "ct200-nolock",
     "ct200-buffer16M",
     "dd-nocache-parallel",
@@ -190,8 +187,7 @@ def command(
         "ct200-stage": [stage],
         "ct200-stage-direct": [[*stage, "--direct"]],
         "ct200-nodrop": [[*stage, "--no-drop"]],
-        "ct200-pwrite": [[*stage, "--write-mode", "pwrite"]],
-        "ct200-nolock": [[*stage, "--write-mode", "pwrite", "--no-write-lock"]],
+        "ct200-nolock": [[*stage, "--no-write-lock"]],
         "ct200-buffer16M": [[*stage, "--buffer", str(16 << 20)]],
         "ct200-read": [[*py, "read", str(src), str(manifest), str(jobs)]],
         "ct200-verify": [[*py, "verify", str(dst), str(jobs)]],

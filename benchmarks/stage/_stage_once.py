@@ -1,7 +1,7 @@
 """One ct200-stage run in its own process, as the benchmark times it.
 
 python3 -m benchmarks.stage._stage_once stage SRC DST MANIFEST JOBS [--direct] [--no-drop]
-    [--buffer BYTES] [--no-write-lock] [--write-mode pwrite]
+    [--buffer BYTES] [--no-write-lock]
 python3 -m benchmarks.stage._stage_once read SRC MANIFEST JOBS     read + hash + check, no writes
 python3 -m benchmarks.stage._stage_once verify DST JOBS            ct200-stage verify DST
 """
@@ -25,7 +25,6 @@ def main() -> None:
     p.add_argument("--no-drop", action="store_true")
     p.add_argument("--no-write-lock", action="store_true")
     p.add_argument("--buffer", type=int, default=None)
-    p.add_argument("--write-mode", choices=("map", "pwrite"), default="map")
     a = p.parse_args()
     if a.what == "stage":
         src, dst, manifest, jobs = a.paths
@@ -35,7 +34,6 @@ def main() -> None:
             buffer_size=a.buffer,
             drop_cache=not a.no_drop,
             one_writer_per_file=not a.no_write_lock,
-            write_mode=a.write_mode,
         )
         result = stage(src, dst, manifest_path=manifest, options=opts)
         print(json.dumps({"read_mode": result.read_mode, "seconds": result.seconds}))

@@ -4,18 +4,12 @@ Work is cut into chunks (64 MiB) handed out in file order to a pool of threads, 
 uses every thread and a kill loses only the few files in flight. Each thread reads into its own
 page-aligned buffer, hashes the bytes it holds (verification costs no second pass) and writes the
 same buffer to the destination. Threads suffice: read, write and the hash release the GIL.
-Into a memory-backed target (tmpfs: /dev/shm) the engine writes through a shared mapping of the
-destination file ("map"): each step populates the next pages of the mapping (MADV_POPULATE_WRITE,
-which reports a full tmpfs as an error where a plain store would raise SIGBUS), reads the source
-straight into them and hashes them there. So the hash is of the bytes the target holds, each
-byte is copied once instead of twice (into a buffer, then out of it), and the threads of one file
-fill it side by side: write(2) to a tmpfs file holds the inode's rwsem, so writes to one file run
-one at a time whatever the thread count, which limited a few large shards to one writer each
-(issue 22; docs/staging.md). Targets on disk (which want fdatasync per chunk) and kernels without
-MADV_POPULATE_WRITE (before 5.14) use "pwrite": read into the thread's buffer, hash it, write it;
-there writes to one file take turns on a lock of ours, because a thread waiting for the rwsem
-spins on a CPU. copy_file_range, sendfile and splice are not used: the bytes would not pass
-through memory we hash.
+Writes to one destination file take turns on a lock of ours: the kernel runs them one at a time
+anyway (tmpfs holds the inode's rwsem across a write), and a thread that waits for that rwsem
+spins on a CPU while the holder runs, which with many threads per file cost more CPU than the
+copy itself (issue 22; docs/staging.md). copy_file_range, sendfile and splice are not used: the
+bytes would go from the source's page cache to the target without passing through our buffer, so
+what is hashed (a read of our own) would not be what is written.
 
 Reads go through the page cache by default, each thread streaming a run of chunks through one
 descriptor so that readahead keeps the disk busy while the thread hashes and writes; each chunk's
@@ -52,10 +46,6 @@ from ct200_tools.stage.manifest import chunk_count
 
 ReadMode = Literal["auto", "direct", "buffered"]
 READ_MODES: tuple[ReadMode, ...] = ("auto", "direct", "buffered")
-#: How bytes reach the target: "map" where it can (memory-backed targets), else "pwrite".
-WriteMode = Literal["map", "pwrite"]
-#: madvise(2) MADV_POPULATE_WRITE (Linux 5.14; asm-generic value), unnamed in older Pythons.
-MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 #: O_DIRECT wants offsets, lengths and buffers aligned to the logical block size (512 or 4096).
 ALIGN = 4096
 #: Per thread, for reads through the page cache: readahead, not the read size, keeps the disk
@@ -151,7 +141,6 @@ class ChunkEngine:
         keep_going: bool = False,
         sync_writes: bool = False,
         one_writer_per_file: bool = True,
-        write_mode: WriteMode = "map",
     ) -> None:
         if buffer_size is None:
             buffer_size = DEFAULT_BUFFER if read_mode == "buffered" else DIRECT_BUFFER
@@ -171,9 +160,6 @@ class ChunkEngine:
         self.sync_writes = sync_writes
         #: False only to measure what the per-file write lock buys (benchmarks: ct200-nolock).
         self.one_writer_per_file = one_writer_per_file
-        #: "map" is taken only where it applies (see the module's docstring); run() decides.
-        self.write_mode: WriteMode = write_mode
-        self._map = False
         self._mismatches: list[VerifyError] = []
         self._direct = read_mode != "buffered"
         self._lock = threading.Lock()
@@ -198,12 +184,6 @@ class ChunkEngine:
         self._errors = []
         self._mismatches = []
         states = [_FileState(j, _prefilled(j, self.chunk_size), 0, j.identity) for j in files]
-        self._map = (
-            self.write_mode == "map"
-            and dst_root is not None
-            and not self.sync_writes
-            and populate_supported()
-        )
         if not self.one_writer_per_file:
             for state in states:
                 state.write_lock = contextlib.nullcontext()
@@ -356,18 +336,22 @@ class ChunkEngine:
         sha = _sha256() if job.sha256 else None
         digests: list[str] = []
         src = _Source(self, src_path, job.path)
-        dst: _Target | None = None
+        dst_fd = -1
         try:
             if state.identity is None:
                 src.check_size(job.size)
             elif src.identity() != state.identity:
                 return None
             if dst_root is not None:
-                dst = self._target(os.path.join(dst_root, job.path), state, task, src.direct)
+                dst_fd = _write_call(
+                    job.path, os.open, os.path.join(dst_root, job.path), os.O_WRONLY | os.O_CLOEXEC
+                )
             for chunk in range(task.first_chunk, task.last_chunk):
                 pos = chunk * self.chunk_size
                 chunk_end = min(end, pos + self.chunk_size)
-                digests.append(self._chunk(src, view, pos, chunk_end, sha, dst))
+                digests.append(
+                    self._chunk(src, view, pos, chunk_end, sha, dst_fd, state.write_lock)
+                )
                 try:
                     self._check(job, chunk, digests[-1])
                 except VerifyError as exc:
@@ -378,23 +362,15 @@ class ChunkEngine:
                     with self._lock:
                         self._mismatches.append(exc)
                     continue
-                if dst is not None and self.sync_writes:
-                    dst.sync()
+                if dst_fd >= 0 and self.sync_writes:
+                    _write_call(job.path, os.fdatasync, dst_fd)
                 if run.on_chunk_done is not None:
                     run.on_chunk_done(job, chunk)
         finally:
             src.close()
-            if dst is not None:
-                dst.close()
+            if dst_fd >= 0:
+                os.close(dst_fd)
         return digests, (sha.hexdigest() if sha is not None else None), src.direct
-
-    def _target(self, path: str, state: _FileState, task: _Task, direct: bool) -> _Target:
-        job = state.job
-        start = task.first_chunk * self.chunk_size
-        end = min(job.size, task.last_chunk * self.chunk_size)
-        if self._map and not direct and end > start:
-            return _MappedTarget(path, job.path, job.size, start, end)
-        return _PwriteTarget(path, job.path, state.write_lock)
 
     def _chunk(
         self,
@@ -403,22 +379,22 @@ class ChunkEngine:
         pos: int,
         end: int,
         sha: Hasher | None,
-        dst: _Target | None,
+        dst_fd: int,
+        write_lock: AbstractContextManager[object],
     ) -> str:
-        """Copy bytes pos..end of one chunk (to dst unless None); return the chunk's hash."""
+        """Copy bytes pos..end of one chunk (to dst_fd unless -1); return the chunk's hash."""
         start = pos
         hasher = new_hasher(self.algorithm)
         while pos < end:
             if self._abort.is_set():
                 raise _Abort
-            want = min(self.buffer_size, end - pos)
-            into = view if dst is None else dst.buffer(view, pos, want)
-            data = src.read(into, pos, want)
+            data = src.read(view, pos, min(self.buffer_size, end - pos))
             hasher.update(data)
             if sha is not None:
                 sha.update(data)
-            if dst is not None:
-                dst.commit(data, pos)
+            if dst_fd >= 0:
+                with write_lock:
+                    _write_call(src.rel, _pwrite_all, dst_fd, data, pos)
             pos += len(data)
             self.progress(len(data))
         src.done(start, end)
@@ -544,101 +520,6 @@ class _Source:
 
     def close(self) -> None:
         os.close(self.fd)
-
-
-class _PwriteTarget:
-    """The destination file written with pwrite from the thread's buffer, one writer at a time."""
-
-    def __init__(self, path: str, rel: str, lock: AbstractContextManager[object]) -> None:
-        self.rel = rel
-        self.lock = lock
-        self.fd = _write_call(rel, os.open, path, os.O_WRONLY | os.O_CLOEXEC)
-
-    def buffer(self, view: memoryview, _pos: int, _want: int) -> memoryview:
-        return view
-
-    def commit(self, data: memoryview, pos: int) -> None:
-        with self.lock:
-            _write_call(self.rel, _pwrite_all, self.fd, data, pos)
-
-    def sync(self) -> None:
-        _write_call(self.rel, os.fdatasync, self.fd)
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-class _MappedTarget:
-    """Bytes start..end of the destination file, mapped shared: the source is read into it.
-
-    Each step's pages are populated first, so a full tmpfs (or memory limit) is an error of
-    madvise's (EFAULT, ENOMEM) and not a SIGBUS on the next store. The file is given its full
-    size first: it is the partial tree's, unpublished, and a resume trusts no byte of it that
-    the journal does not vouch for and a re-hash does not prove.
-    """
-
-    def __init__(self, path: str, rel: str, size: int, start: int, end: int) -> None:
-        self.rel = rel
-        self.start = start
-        fd = _write_call(rel, os.open, path, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            if os.fstat(fd).st_size != size:
-                _write_call(rel, os.ftruncate, fd, size)
-            self.map = _write_call(rel, _map_shared, fd, start, end - start)
-        finally:
-            os.close(fd)  # the mapping keeps the file
-        self.view = memoryview(self.map)
-
-    def buffer(self, _view: memoryview, pos: int, want: int) -> memoryview:
-        off = pos - self.start
-        try:
-            self.map.madvise(MADV_POPULATE_WRITE, off - off % ALIGN, want + off % ALIGN)
-        except OSError as exc:
-            if exc.errno == errno.EFAULT:  # what a full tmpfs gives (a store would be SIGBUS)
-                exc = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            _write_call(self.rel, _raise, exc)
-        return self.view[off : off + want]
-
-    def commit(self, _data: memoryview, _pos: int) -> None:
-        pass  # the bytes were read into the file's own pages
-
-    def sync(self) -> None:
-        _write_call(self.rel, self.map.flush)
-
-    def close(self) -> None:
-        # A traceback still holding a slice keeps the mapping alive until it is collected.
-        with contextlib.suppress(BufferError):
-            self.view.release()
-            self.map.close()
-
-
-_Target = _PwriteTarget | _MappedTarget
-
-
-def _map_shared(fd: int, offset: int, length: int) -> mmap.mmap:
-    return mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=offset)
-
-
-def _raise(exc: BaseException) -> None:
-    raise exc
-
-
-def populate_supported() -> bool:
-    """True where madvise(MADV_POPULATE_WRITE) works (Linux >= 5.14)."""
-    global _POPULATE  # noqa: PLW0603 - asked once per process
-    if _POPULATE is None:
-        probe = mmap.mmap(-1, ALIGN)
-        try:
-            probe.madvise(MADV_POPULATE_WRITE, 0, ALIGN)
-            _POPULATE = True
-        except (OSError, ValueError):
-            _POPULATE = False
-        finally:
-            probe.close()
-    return _POPULATE
-
-
-_POPULATE: bool | None = None
 
 
 def _disappeared(rel: str) -> SourceError:

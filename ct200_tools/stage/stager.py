@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from ct200_tools.fsutil import fsync_dir, write_atomic
 from ct200_tools.stage import capacity, tree
-from ct200_tools.stage.engine import ChunkEngine, FileJob, ReadMode, WriteMode
+from ct200_tools.stage.engine import ChunkEngine, FileJob, ReadMode
 from ct200_tools.stage.errors import RefusedError, SourceError, VerifyError
 from ct200_tools.stage.hashing import default_algorithm
 from ct200_tools.stage.identity import settled, stat_identity
@@ -64,8 +64,6 @@ class StageOptions:
     drop_cache: bool = True
     #: False only to measure what the engine's per-file write lock buys (benchmarks/stage).
     one_writer_per_file: bool = True
-    #: "pwrite" only to measure what writing through a mapping buys (benchmarks/stage).
-    write_mode: WriteMode = "map"
 
 
 @dataclass(frozen=True)
@@ -250,7 +248,6 @@ class _Stage:
             buffer_size=self.opts.buffer_size,
             drop_cache=self.opts.drop_cache,
             one_writer_per_file=self.opts.one_writer_per_file,
-            write_mode=self.opts.write_mode,
             progress=self.sink.advance,
             sync_writes=sync_writes,
         )

@@ -26,9 +26,6 @@ CHUNK = 256 << 10
 IS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root (mount, drop caches)")
 STRACE = shutil.which("strace")
-#: The copy threads' reads, one per buffer step whichever way the engine writes (Python's
-#: os.preadv is the preadv2 system call where the C library has it).
-READS = "preadv,preadv2"
 #: strace's fault injection hits an exact system call: the Nth pwrite64, the 2nd chmod, ...
 needs_strace = pytest.mark.skipif(
     STRACE is None, reason="strace is not installed (scripts/setup.sh installs it)"

@@ -31,7 +31,6 @@ from ct200_tools.stage.verify import verify_tree
 from .conftest import (
     CHUNK,
     CLI,
-    READS,
     assert_never_half_done,
     cli,
     make_model,
@@ -120,7 +119,7 @@ def test_resume_rehashes_kept_chunks_and_redoes_damaged_ones(tmp_path: Path, shm
     mpath = tmp_path / "m.json"
     write_manifest(src, mpath)
     dst = shm / "m"
-    killed = traced(stage_argv(src, dst, mpath, jobs=1), f"{READS}:signal=KILL:when=20")
+    killed = traced(stage_argv(src, dst, mpath, jobs=1), "pwrite64:signal=KILL:when=20")
     assert killed.returncode == -9, killed.stderr
     partial = Path(tree.partial_path(str(dst)))
     journal = tree.Journal(str(partial)).read()
@@ -199,7 +198,7 @@ def test_replace_refuses_an_unmarked_tree_and_swaps_our_own(tmp_path: Path, shm:
     "inject",
     [
         "pwrite64:signal=KILL:when=1",  # main thread: the lock's pid, before anything else
-        f"{READS}:signal=KILL:when=9",  # the copy thread, mid-shard
+        "pwrite64:signal=KILL:when=9",  # the copy thread, mid-shard
         "fsync:signal=KILL:when=4",  # the journal
         "chmod:signal=KILL:when=2",  # the marker's temporary file, before its rename
         "rename:signal=KILL:when=3",  # the publishing rename
@@ -229,7 +228,7 @@ def test_junk_in_the_partial_tree_is_not_published(tmp_path: Path, shm: Path) ->
     mpath = tmp_path / "m.json"
     write_manifest(src, mpath)
     dst = shm / "m"
-    traced(stage_argv(src, dst, mpath, jobs=1), f"{READS}:signal=KILL:when=9")
+    traced(stage_argv(src, dst, mpath, jobs=1), "pwrite64:signal=KILL:when=9")
     partial = Path(tree.partial_path(str(dst)))
     (partial / "junk.bin").write_bytes(b"junk")
     (partial / "tokenizer").mkdir(exist_ok=True)
@@ -331,7 +330,7 @@ def test_sigint_exits_130_and_the_rerun_resumes(tmp_path: Path, shm: Path) -> No
     mpath = tmp_path / "m.json"
     write_manifest(src, mpath)
     dst = shm / "m"
-    res = traced(stage_argv(src, dst, mpath, jobs=1), f"{READS}:signal=INT:when=5")
+    res = traced(stage_argv(src, dst, mpath, jobs=1), "pwrite64:signal=INT:when=5")
     assert res.returncode == 130, (res.returncode, res.stderr)
     assert "interrupted" in res.stderr and "Traceback" not in res.stderr
     assert _json(res.stdout)["error"]["kind"] == "interrupted"  # type: ignore[index]
@@ -339,25 +338,13 @@ def test_sigint_exits_130_and_the_rerun_resumes(tmp_path: Path, shm: Path) -> No
 
 
 @needs_strace
-@pytest.mark.parametrize(
-    ("where", "inject"),
-    [
-        # tmpfs: the engine populates the mapping it reads into; a full tmpfs fails that madvise
-        # with EFAULT (a store would be SIGBUS)
-        ("shm", "madvise:error=EFAULT:delay_enter=300000:when=2+"),
-        # a disk: pwrite from the buffers
-        ("disk", "pwrite64:error=ENOSPC:delay_enter=300000:when=2+"),
-    ],
-)
-def test_destination_filled_up_is_said_once(
-    tmp_path: Path, shm: Path, where: str, inject: str
-) -> None:
+def test_destination_filled_up_is_said_once(tmp_path: Path, shm: Path) -> None:
     src = make_model(tmp_path / "src", shards=4)
     mpath = tmp_path / "m.json"
     write_manifest(src, mpath)
-    # Every data write fails as on a full target; the delay puts all four threads inside one.
-    dst = shm / "m" if where == "shm" else tmp_path / "disk" / "m"
-    res = traced(stage_argv(src, dst, mpath, jobs=4), inject)
+    # Every data write fails as on a full tmpfs; the delay puts all four threads inside one.
+    inject = "pwrite64:error=ENOSPC:delay_enter=300000:when=2+"
+    res = traced(stage_argv(src, shm / "m", mpath, jobs=4), inject)
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("filled up") == 1, res.stderr
     assert _json(res.stdout)["error"]["kind"] == "capacity"  # type: ignore[index]

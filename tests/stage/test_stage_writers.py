@@ -1,13 +1,9 @@
-"""How the engine writes a destination file (issue 22): real engine runs traced with strace.
+"""One writer per destination file at a time (issue 22): a real engine run traced with strace.
 
-"pwrite" (targets on disk): tmpfs serialises writes to one file on the inode's rwsem, and threads
-waiting for it there spin on a CPU; the engine makes them wait on its own lock instead (they
-sleep). What is observable from outside: no two pwrite64 calls on the same file are in the kernel
-at the same time, while several threads still copy that file.
-
-"map" (memory-backed targets, the default there): the threads read the source straight into a
-shared mapping of the file, populated step by step; no write(2) reaches the file at all, so no
-rwsem orders them, and several threads fill the one file.
+tmpfs serialises writes to one file on the inode's rwsem, and threads waiting for it there spin
+on a CPU; the engine makes them wait on its own lock instead (they sleep). What is observable from
+outside: no two pwrite64 calls on the same file are in the kernel at the same time, while several
+threads still copy that file.
 """
 
 from __future__ import annotations
@@ -16,8 +12,6 @@ import itertools
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 from tests.stage.conftest import STRACE, needs_strace
 
@@ -29,7 +23,7 @@ src, dst = sys.argv[1], sys.argv[2]
 size = os.path.getsize(os.path.join(src, "f"))
 os.close(os.open(os.path.join(dst, "f"), os.O_WRONLY | os.O_CREAT, 0o600))
 engine = ChunkEngine(algorithm="blake2b-128", chunk_size=256 << 10, jobs=8,
-                     buffer_size=64 << 10, drop_cache=False, write_mode=sys.argv[3])
+                     buffer_size=64 << 10, drop_cache=False)
 engine.run(src, [FileJob("f", size)], dst)
 """
 
@@ -42,7 +36,7 @@ def test_no_two_writes_to_one_file_at_once(tmp_path: Path, shm: Path) -> None:
     (src / "f").write_bytes(data)
     trace = tmp_path / "trace"
     assert STRACE is not None
-    child = [sys.executable, "-c", ENGINE, str(src), str(shm), "pwrite"]
+    child = [sys.executable, "-c", ENGINE, str(src), str(shm)]
     proc = subprocess.run(
         [STRACE, "-f", "-ttt", "-T", "-y", "-e", "trace=pwrite64", "-o", str(trace), *child],
         capture_output=True,
@@ -76,64 +70,3 @@ def test_no_two_writes_to_one_file_at_once(tmp_path: Path, shm: Path) -> None:
     spans.sort()
     for (s0, e0, p0), (s1, _e1, p1) in itertools.pairwise(spans):
         assert not (p0 == p1 and s1 < e0), f"two writes to {p0} at once: {s0}-{e0} and {s1}"
-
-
-@needs_strace
-def test_mapped_writes_fill_one_file_from_several_threads(tmp_path: Path, shm: Path) -> None:
-    from ct200_tools.stage.engine import populate_supported  # noqa: PLC0415
-
-    if not populate_supported():
-        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux < 5.14): the engine pwrites")
-    src = tmp_path / "src"
-    src.mkdir()
-    data = bytes(range(256)) * (64 << 10)  # 16 MiB
-    (src / "f").write_bytes(data)
-    trace = tmp_path / "trace"
-    assert STRACE is not None
-    child = [sys.executable, "-c", ENGINE, str(src), str(shm), "map"]
-    proc = subprocess.run(
-        [STRACE, "-f", "-y", "-e", "trace=pwrite64,write,madvise", "-o", str(trace), *child],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert (shm / "f").read_bytes() == data
-    lines = trace.read_text().splitlines()
-    target = str(shm / "f")
-    assert not [ln for ln in lines if "write" in ln and f"<{target}>" in ln], "a write(2) to it"
-    # One MADV_POPULATE_WRITE per 64 KiB step, from more than one thread.
-    populate = [ln for ln in lines if ", 65536, MADV_POPULATE_WRITE" in ln]
-    assert len(populate) >= len(data) // (64 << 10), populate[:3]
-    assert len({ln.split()[0] for ln in populate}) > 1, "one thread filled the whole file"
-
-
-#: In a child, so that a SIGBUS (a store into a page the full tmpfs could not give) shows as -7.
-FILL = """
-import os, sys
-from ct200_tools.stage.engine import ChunkEngine, FileJob
-from ct200_tools.stage.errors import CapacityError
-src, dst = sys.argv[1], sys.argv[2]
-os.close(os.open(os.path.join(dst, "f"), os.O_WRONLY | os.O_CREAT, 0o600))
-engine = ChunkEngine(algorithm="blake2b-128", chunk_size=1 << 20, jobs=4, write_mode="map")
-try:
-    engine.run(src, [FileJob("f", os.path.getsize(os.path.join(src, "f")))], dst)
-except CapacityError as exc:
-    print("capacity:", exc)
-"""
-
-
-def test_a_really_full_tmpfs_is_an_error_not_a_sigbus(tmp_path: Path, small_tmpfs: Path) -> None:
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "f").write_bytes(b"\xa5" * (8 << 20))  # twice the 4 MiB tmpfs
-    proc = subprocess.run(
-        [sys.executable, "-c", FILL, str(src), str(small_tmpfs)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, (proc.returncode, proc.stderr)
-    assert "capacity: the destination filled up while writing f" in proc.stdout, proc.stdout
