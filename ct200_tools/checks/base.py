@@ -10,7 +10,7 @@ check fails, it skips naming that check (`caused_by`). A check that raises is a 
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -43,12 +43,37 @@ ABOUT_BY_PREFIX: dict[str, tuple[About, ...]] = {
 
 @dataclass(frozen=True)
 class Remedy:
-    """How to fix a failure: what, where, the exact command or config line, the playbook tag."""
+    """How to fix a failure: what, where, the exact commands and config lines, the playbook tag.
+
+    ``command`` is shell to paste, one command a line; ``config`` holds lines that belong in
+    ``file`` (a PVE container config, a sysctl.d file): pasted into a shell they would run as
+    commands, so reports print them as lines of their file, never after a `$`."""
 
     action: str
     where: Where
     command: str | None = None
     tag: str | None = None
+    config: tuple[str, ...] = ()
+    #: Where the config lines go: an absolute path, or the place when no path names it.
+    file: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.config and not self.file:
+            raise ValueError(f"remedy {self.action!r}: config lines without the file they go in")
+
+    def lines(self, prompt: str = "$ ") -> list[str]:
+        """The fix as reports print it (fix_lines)."""
+        return fix_lines(self.command, self.config, self.file, prompt)
+
+
+def fix_lines(
+    command: str | None, config: Sequence[str], file: str | None, prompt: str = "$ "
+) -> list[str]:
+    """A fix's lines as reports print them: first each config line as `in FILE: LINE` (a line
+    to put in that file, never after a `$`), then each command after the prompt (to paste)."""
+    return [f"in {file}: {line}" for line in config] + [
+        f"{prompt}{c}" for c in (command or "").splitlines()
+    ]
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,8 @@ from ct200_tools.probes.pci import ACS_REDIRECT
 #: Why a host check skipped: the host was not read.
 NO_HOST = "the PVE host was not read: run `ct200-doctor check --host HOST` (`--host local` on it)"
 HOST_DEVICES_UNIT = "ct200-host-devices.service"
+#: Debian's (and PVE's) kernel command line for GRUB, read by update-grub.
+GRUB_DEFAULTS = "/etc/default/grub"
 
 
 def no_host(ctx: Context) -> Outcome:
@@ -257,10 +259,16 @@ def check_iommu(ctx: Context) -> Outcome:
         return failed(
             "IOMMU translation is on without passthrough: GPU P2P goes through the root complex",
             Remedy(
-                "add iommu=pt to the host kernel command line and reboot",
+                "add iommu=pt to the host kernel command line (the line below, last in the "
+                "file, appends it to what is there), regenerate the boot config, then reboot "
+                "(a host booted by systemd-boot: add it to /etc/kernel/cmdline, then "
+                "proxmox-boot-tool refresh)",
                 where,
-                'GRUB_CMDLINE_LINUX_DEFAULT="... iommu=pt" then update-grub',
+                "update-grub",
                 "host_tuning",
+                # /etc/default/grub is shell: a later assignment extends the earlier one.
+                ('GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT iommu=pt"',),
+                GRUB_DEFAULTS,
             ),
             f"cmdline: {' '.join(a for a in args if 'iommu' in a)}",
         )

@@ -64,8 +64,10 @@ def _edit_fix(c: LxcConfFacts, ctx: Context, diff: list[str], what: str) -> Reme
         f"in {c.path}, {what}: change the lines marked - into those marked + (the "
         f"{TAG} tag makes exactly this edit, under pve-container's config lock), " + _restart(c),
         host_side(ctx),
-        "\n".join(diff),
+        None,
         TAG,
+        tuple(diff),
+        c.path,
     )
 
 
