@@ -43,7 +43,9 @@ what to do, where (`host`, `container` or `this machine`), the exact commands (`
 paste; `command` in JSON) and config lines (`in FILE: ` lines, to put in that file, never into
 a shell; `config` and `file` in JSON), and the playbook tag that applies it
 (`ansible-playbook -i inventory/SITE playbooks/site.yml --tags TAG`).
-A check that cannot read what it needs is `skip` with the reason, never a failure. A check that
+A check that cannot read what it needs is `skip` with the reason, never a failure. On a
+site whose spec declares no NVIDIA GPU (`gpus: {count: 0}`, such as the local testbed) the
+checks of the GPUs, their driver and their passthrough do not apply: `skip`, saying so. A check that
 cannot judge because another check fails is `skip` naming that check (`caused_by` in JSON), and
 the run exits 2 even when that check was not selected. A check that fails because another one
 fails is a consequence (see "Root causes" below): `caused_by` names the root, its remediation

@@ -81,6 +81,7 @@ def expected_host_nodes(ctx: Context, h: HostFacts) -> list[str]:
     "error",
     needs=("host",),
     tags=("host_devices",),
+    gpu_only=True,
 )
 def check_host_nodes(ctx: Context) -> Outcome:
     """On the PVE host, nvidia and nvidia_uvm are loaded (/proc/devices lists them) and every
@@ -157,6 +158,7 @@ def check_host_nodes(ctx: Context) -> Outcome:
     needs=("host",),
     needs_spec=True,
     tags=("host_tuning",),
+    gpu_only=True,
 )
 def check_host_mrrs(ctx: Context) -> Outcome:
     """tune.pcie_mrrs on the host, from each GPU's full config space (root there reads all 4096
@@ -187,7 +189,9 @@ def check_host_numa_balancing(ctx: Context) -> Outcome:
     )
 
 
-@check("host.acs", "ACS redirect on bridges above the GPUs", "warning", needs=("host",))
+@check(
+    "host.acs", "ACS redirect on bridges above the GPUs", "warning", needs=("host",), gpu_only=True
+)
 def check_acs(ctx: Context) -> Outcome:
     """No PCIe bridge above a GPU has ACS P2P Request or Completion Redirect on: with them,
     peer-to-peer traffic between GPUs under one switch goes up to the root complex (and through
@@ -242,6 +246,7 @@ def check_acs(ctx: Context) -> Outcome:
     "warning",
     needs=("kernel", "host"),
     tags=("host_tuning",),
+    gpu_only=True,
 )
 def check_iommu(ctx: Context) -> Outcome:
     """If the kernel enables IOMMU translation (intel_iommu=on / amd_iommu=on) it also has
@@ -281,6 +286,7 @@ def check_iommu(ctx: Context) -> Outcome:
     "host driver matches the container's",
     "error",
     needs=("host", "nvml", "kernel"),
+    gpu_only=True,
 )
 def check_host_driver(ctx: Context) -> Outcome:
     """The host's NVIDIA kernel module is the version of the userspace driver this machine (the

@@ -97,6 +97,7 @@ def _no_conf(c: LxcConfFacts, ctx: Context) -> Outcome:
     needs=("host",),
     needs_spec=True,
     tags=(TAG,),
+    gpu_only=True,
 )
 def check_lxc_nodes(ctx: Context) -> Outcome:
     """The container's config passes every node it needs (/dev/nvidia0..N-1, nvidiactl,
@@ -150,6 +151,7 @@ def check_lxc_nodes(ctx: Context) -> Outcome:
     needs=("host",),
     needs_spec=True,
     tags=(TAG,),
+    gpu_only=True,
 )
 def check_lxc_majors(ctx: Context) -> Outcome:
     """Every node the config bind-mounts (raw-lxc) has an lxc.cgroup2.devices.allow rule for its

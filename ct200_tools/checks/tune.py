@@ -68,6 +68,7 @@ def judge_numa_balancing(
     needs=("pci", "kernel"),
     needs_spec=True,
     tags=("host_tuning",),
+    gpu_only=True,
 )
 def check_mrrs(ctx: Context) -> Outcome:
     """Each GPU's Device Control MRRS equals tuning.pcie_max_read_request. Config space resets
