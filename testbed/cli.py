@@ -234,7 +234,8 @@ def status(ctx: click.Context, slot: int, all_slots: bool, as_json: bool) -> Non
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def ssh_cmd(ctx: click.Context, slot: int, name: str, command: tuple[str, ...]) -> None:
-    """Log in to machine NAME, or run COMMAND there (after `--`); exits with its status."""
+    """Log in to machine NAME, or run COMMAND there (after `--`); exits with its status.
+    COMMAND reaches the machine's shell as ssh(1) passes it: `-- 'a; b'` runs a, then b."""
 
     def run() -> int:
         h = _harness(ctx, slot)
@@ -245,7 +246,9 @@ def ssh_cmd(ctx: click.Context, slot: int, name: str, command: tuple[str, ...]) 
                 + (f" (there are: {', '.join(found)})" if found else " (the slot is down)"),
                 fix="`python -m testbed up` first" if not found else "",
             )
-        args = ssh.argv(h.slot, found[name].address, command, tty=None if not command else False)
+        # As ssh(1) does: the words joined by spaces, for the remote shell to read.
+        tty = None if not command else False
+        args = ssh.argv(h.slot, found[name].address, command, tty=tty, quote=False)
         sys.stdout.flush()
         os.execvp(args[0], args)  # noqa: S606 (argv list, replaces this process)
 
