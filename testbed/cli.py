@@ -6,12 +6,14 @@ import dataclasses
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import click
 
-from testbed import rootfs, ssh, units, wheelhouse
+from testbed import llama_build, llama_server, rootfs, ssh, units, wheelhouse
 from testbed.config import DEFAULT_MACHINES, MAX_SLOTS, MachineSpec, Settings, Slot
 from testbed.errors import TestbedError
 from testbed.harness import Harness, Status, slot_lock
@@ -28,6 +30,7 @@ EPILOG = """\b
 Examples:
   python -m testbed up      # pve + ct in slot 0: inventory/testbed/hosts.yml
   ansible-playbook -i inventory/testbed/hosts.yml playbooks/site.yml
+  python -m testbed llama   # llama-server and a tiny model on ct, for serving.yml
   python -m testbed ssh ct -- systemctl is-system-running
   python -m testbed status --all
   python -m testbed reboot  # power-cycle pve, then ct if pve-guests starts it
@@ -256,6 +259,43 @@ def ssh_cmd(ctx: click.Context, slot: int, name: str, command: tuple[str, ...]) 
 
 
 ssh_cmd.name = "ssh"
+
+
+@main.command()
+@slot_option
+@click.option("--machine", "name", default="ct", show_default=True, help="Where to put them.")
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    default=("tiny",),
+    show_default=True,
+    help="A model to write (repeatable): a tiny generated GGUF (testbed/tiny_gguf.py).",
+)
+@click.pass_context
+def llama(ctx: click.Context, slot: int, name: str, models: tuple[str, ...]) -> None:
+    """Put llama-server (built once per machine, then cached) and tiny models' persistent copies
+    on machine NAME, as a user puts an engine and weights there before site.yml: what the
+    testbed's serving spec (inventory/testbed/serving.yml) runs."""
+
+    def run() -> int:
+        require_root()
+        try:
+            built = llama_build.ensure()
+        except llama_build.BuildError as exc:
+            log = f"log: {exc.log}" if exc.log else ""
+            raise TestbedError(exc.what, fix=exc.fix, detail=log) from None
+        how = f"built in {built.build_s:.0f} s" if built.build_s else "cached"
+        click.echo(f"llama-server: {built.binary} ({how})")
+        h = _harness(ctx, slot)
+        with tempfile.TemporaryDirectory(prefix="ct200-testbed-llama-") as tmp:
+            seeds = {m: (seed, 0) for seed, m in enumerate(models)}
+            written = llama_server.install(h.push, name, Path(tmp), built.binary, seeds)
+        for path in written:
+            click.echo(f"  {name}:{path}")
+        return EXIT_OK
+
+    _guard(run)
 
 
 @main.command()
