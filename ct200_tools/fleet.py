@@ -303,7 +303,7 @@ def render_table(results: Sequence[HostResult]) -> str:
             lines.append(f"{pad}{said}{more if root.consequences else ''}")
             if root.action:
                 lines.append(f"{pad}  fix on {show(root.where)}: {show(root.action)}")
-            lines.extend(f"{pad}    in {show(root.file)}: {show(c)}" for c in root.config)
+            lines.extend(f"{pad}    in {show(root.file or '?')}: {show(c)}" for c in root.config)
             lines.extend(f"{pad}    $ {c}" for c in _lines(root.command or ""))
             if root.tag:
                 lines.append(f"{pad}    (playbook tag: {show(root.tag)})")
