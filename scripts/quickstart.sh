@@ -33,7 +33,7 @@ bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
 PY=.venv/bin/python
 
-step "testbed: up (the first run builds the rootfs cache: about a minute)"
+step "testbed: up (the first run builds the rootfs cache: about 2 minutes)"
 "$PY" -m testbed up
 
 step "llama-server and the tiny model on ct (the first run builds llama-server: see README)"
