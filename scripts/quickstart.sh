@@ -85,8 +85,9 @@ The testbed stays up and serves. In a new shell, from $PWD:
 Zero-touch recovery: power-cycle both machines (pve boots first; its pve-guests stand-in
 starts the container; /dev/shm starts empty), then ask the container's boot chain:
   python -m testbed reboot
-  python -m testbed ssh ct -- ct200-serve chain           # host, staging, gate, serving
+  python -m testbed ssh ct -- ct200-serve chain           # this boot's steps, timed: serving?
   python -m testbed ssh ct -- ct200-serve smoke           # a real completion again
+  python -m testbed ssh ct -- ct200-doctor check          # and the doctor, clean again
 
   ansible-playbook -i $INVENTORY -e @$SPEC playbooks/site.yml   # converge again
   make test                                               # lint + all tests (their own slots)
