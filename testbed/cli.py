@@ -275,8 +275,8 @@ ssh_cmd.name = "ssh"
 @click.pass_context
 def llama(ctx: click.Context, slot: int, name: str, models: tuple[str, ...]) -> None:
     """Put llama-server (built once per machine, then cached) and tiny models' persistent copies
-    on machine NAME, as a user puts an engine and weights there before site.yml: what the
-    testbed's serving spec (inventory/testbed/serving.yml) runs."""
+    on a machine (--machine), as a user puts an engine and weights there before site.yml: what
+    the testbed's serving spec (inventory/testbed/serving.yml) runs."""
 
     def run() -> int:
         require_root()
