@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from ct200_tools.checks import CHECKS
-from ct200_tools.checks.base import Check
+from ct200_tools.checks.base import Check, fix_lines
 from ct200_tools.checks.causes import CAUSES
 
 CAUSES_HEADER = """\
@@ -39,10 +39,13 @@ edit by hand.
 
 Every check has a stable id, a severity (what a failure counts as: `error` fails the run with
 exit 2, `warning` shows as `warn` and fails only with `--strict`), and on failure a remediation:
-what to do, where (`host`, `container` or `this machine`), the exact command or config line,
-and the playbook tag that applies it
+what to do, where (`host`, `container` or `this machine`), the exact commands (`$ ` lines, to
+paste; `command` in JSON) and config lines (`in FILE: ` lines, to put in that file, never into
+a shell; `config` and `file` in JSON), and the playbook tag that applies it
 (`ansible-playbook -i inventory/SITE playbooks/site.yml --tags TAG`).
-A check that cannot read what it needs is `skip` with the reason, never a failure. A check that
+A check that cannot read what it needs is `skip` with the reason, never a failure. On a
+site whose spec declares no NVIDIA GPU (`gpus: {count: 0}`, such as the local testbed) the
+checks of the GPUs, their driver and their passthrough do not apply: `skip`, saying so. A check that
 cannot judge because another check fails is `skip` naming that check (`caused_by` in JSON), and
 the run exits 2 even when that check was not selected. A check that fails because another one
 fails is a consequence (see "Root causes" below): `caused_by` names the root, its remediation
@@ -85,7 +88,9 @@ def _verdict(ex: dict[str, Any]) -> str:
     lines = [f"[{MARK[want['status']]}] {want['summary']}"]
     if "action" in want:
         lines.append(f"  → fix on {want['where']}: {want['action']}")
-        lines += [f"    $ {line}" for line in str(want.get("command", "")).splitlines()]
+        config = str(want.get("config", "")).splitlines()
+        fix = fix_lines(want.get("command"), config, want.get("file"))
+        lines += [f"    {line}" for line in fix]
         if "tag" in want:
             lines.append(f"    (playbook tag: {want['tag']})")
     return "```text\n" + "\n".join(lines) + "\n```\n"

@@ -69,6 +69,9 @@ class Root:
     command: str | None = None
     tag: str | None = None
     consequences: tuple[str, ...] = ()
+    #: Lines that belong in ``file`` (Remedy.config), shown as such, never as commands.
+    config: tuple[str, ...] = ()
+    file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -121,8 +124,9 @@ def check_report(doc: object, path: str = "") -> None:
         check.opt_text("caused_by")
         fix = check.opt_obj("remediation")
         if fix is not None:
-            for key in ("where", "action", "command", "tag"):
+            for key in ("where", "action", "command", "tag", "file"):
                 fix.opt_text(key)
+            fix.texts("config", optional=True)
     report.texts("root_causes")
 
 
@@ -160,6 +164,8 @@ def roots_of(report: Mapping[str, Any]) -> tuple[Root, ...]:
                 fix.get("command"),
                 fix.get("tag"),
                 tuple(under.get(rid, ())),
+                tuple(fix.get("config") or ()),
+                fix.get("file"),
             )
         )
     return tuple(out)
@@ -297,6 +303,7 @@ def render_table(results: Sequence[HostResult]) -> str:
             lines.append(f"{pad}{said}{more if root.consequences else ''}")
             if root.action:
                 lines.append(f"{pad}  fix on {show(root.where)}: {show(root.action)}")
+            lines.extend(f"{pad}    in {show(root.file or '?')}: {show(c)}" for c in root.config)
             lines.extend(f"{pad}    $ {c}" for c in _lines(root.command or ""))
             if root.tag:
                 lines.append(f"{pad}    (playbook tag: {show(root.tag)})")

@@ -117,8 +117,7 @@ def render_text(
         if x.remediation and x.status in ("fail", "warn") and not consequence:
             r = x.remediation
             lines.append(f"{pad}→ fix on {r.where}: {r.action}")
-            if r.command:
-                lines.extend(f"{pad}  $ {c}" for c in r.command.splitlines())
+            lines.extend(f"{pad}  {c}" for c in r.lines())
             if r.tag:
                 lines.append(f"{pad}  (playbook tag: {r.tag})")
 
@@ -273,7 +272,7 @@ def gate_verdict(findings: Sequence[Finding], server: str, code: int) -> str:
         fix = ""
         if x.remediation is not None:
             r = x.remediation
-            cmd = (r.command or "").splitlines()
+            cmd = r.lines(prompt="")
             more = f" (and {len(cmd) - 1} more lines above)" if len(cmd) > 1 else ""
             fix = f"; fix on {r.where}: " + (f"{cmd[0]}{more}" if cmd else r.action)
         # The first evidence line names the cause (the node, errno, major): what the summary

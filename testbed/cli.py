@@ -6,12 +6,14 @@ import dataclasses
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import click
 
-from testbed import rootfs, ssh, units, wheelhouse
+from testbed import llama_build, llama_server, rootfs, ssh, units, wheelhouse
 from testbed.config import DEFAULT_MACHINES, MAX_SLOTS, MachineSpec, Settings, Slot
 from testbed.errors import TestbedError
 from testbed.harness import Harness, Status, slot_lock
@@ -28,6 +30,7 @@ EPILOG = """\b
 Examples:
   python -m testbed up      # pve + ct in slot 0: inventory/testbed/hosts.yml
   ansible-playbook -i inventory/testbed/hosts.yml playbooks/site.yml
+  python -m testbed llama   # llama-server and a tiny model on ct, for serving.yml
   python -m testbed ssh ct -- systemctl is-system-running
   python -m testbed status --all
   python -m testbed reboot  # power-cycle pve, then ct if pve-guests starts it
@@ -234,7 +237,8 @@ def status(ctx: click.Context, slot: int, all_slots: bool, as_json: bool) -> Non
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def ssh_cmd(ctx: click.Context, slot: int, name: str, command: tuple[str, ...]) -> None:
-    """Log in to machine NAME, or run COMMAND there (after `--`); exits with its status."""
+    """Log in to machine NAME, or run COMMAND there (after `--`); exits with its status.
+    COMMAND reaches the machine's shell as ssh(1) passes it: `-- 'a; b'` runs a, then b."""
 
     def run() -> int:
         h = _harness(ctx, slot)
@@ -245,7 +249,9 @@ def ssh_cmd(ctx: click.Context, slot: int, name: str, command: tuple[str, ...]) 
                 + (f" (there are: {', '.join(found)})" if found else " (the slot is down)"),
                 fix="`python -m testbed up` first" if not found else "",
             )
-        args = ssh.argv(h.slot, found[name].address, command, tty=None if not command else False)
+        # As ssh(1) does: the words joined by spaces, for the remote shell to read.
+        tty = None if not command else False
+        args = ssh.argv(h.slot, found[name].address, command, tty=tty, quote=False)
         sys.stdout.flush()
         os.execvp(args[0], args)  # noqa: S606 (argv list, replaces this process)
 
@@ -253,6 +259,43 @@ def ssh_cmd(ctx: click.Context, slot: int, name: str, command: tuple[str, ...]) 
 
 
 ssh_cmd.name = "ssh"
+
+
+@main.command()
+@slot_option
+@click.option("--machine", "name", default="ct", show_default=True, help="Where to put them.")
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    default=("tiny",),
+    show_default=True,
+    help="A model to write (repeatable): a tiny generated GGUF (testbed/tiny_gguf.py).",
+)
+@click.pass_context
+def llama(ctx: click.Context, slot: int, name: str, models: tuple[str, ...]) -> None:
+    """Put llama-server (built once per machine, then cached) and tiny models' persistent copies
+    on a machine (--machine), as a user puts an engine and weights there before site.yml: what
+    the testbed's serving spec (inventory/testbed/serving.yml) runs."""
+
+    def run() -> int:
+        require_root()
+        try:
+            built = llama_build.ensure()
+        except llama_build.BuildError as exc:
+            log = f"log: {exc.log}" if exc.log else ""
+            raise TestbedError(exc.what, fix=exc.fix, detail=log) from None
+        how = f"built in {built.build_s:.0f} s" if built.build_s else "cached"
+        click.echo(f"llama-server: {built.binary} ({how})")
+        h = _harness(ctx, slot)
+        with tempfile.TemporaryDirectory(prefix="ct200-testbed-llama-") as tmp:
+            seeds = {m: (seed, 0) for seed, m in enumerate(models)}
+            written = llama_server.install(h.push, name, Path(tmp), built.binary, seeds)
+        for path in written:
+            click.echo(f"  {name}:{path}")
+        return EXIT_OK
+
+    _guard(run)
 
 
 @main.command()

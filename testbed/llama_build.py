@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -60,6 +61,11 @@ BUILD_TOOLS = {"cmake": "cmake", "c++": "g++", "make": "make"}
 DEFAULT_CACHE = Path("/var/cache/ct200-testbed")
 #: A cold build on a 2-core machine takes about 6 minutes; this is the limit, not the estimate.
 BUILD_TIMEOUT_S = 3600
+#: While a build step runs, a line this often says how far it is (cmake's own [ NN%]), so a
+#: cold build is never minutes of silence.
+PROGRESS_EVERY_S = 30.0
+#: cmake's progress in the build's output: "[ 42%] Building CXX object ...".
+_PERCENT = re.compile(rb"^\[\s*(\d+)%\]", re.MULTILINE)
 _BUILT = "build.json"
 
 
@@ -164,21 +170,39 @@ def ensure(root: Path | None = None, jobs: int | None = None) -> Built:
         return Built(binary, time.monotonic() - started)
 
 
-def _run(argv: list[str], log: Path, cwd: Path | None = None) -> None:
+def progress(log: Path) -> str:
+    """How far the build is, from the last cmake progress mark in the log's tail."""
+    with log.open("rb") as fh:
+        fh.seek(max(0, log.stat().st_size - 8192))
+        marks = _PERCENT.findall(fh.read())
+    return f"{int(marks[-1])}%" if marks else "started"
+
+
+def _run(
+    argv: list[str], log: Path, cwd: Path | None = None, every_s: float = PROGRESS_EVERY_S
+) -> None:
+    """Runs one build step with its output in ``log``, printing a progress line every
+    ``every_s`` while it runs (cmake's percentage, the time so far, where the log is)."""
     with log.open("a") as out:
         out.write(f"$ {' '.join(argv)}\n")
         out.flush()
-        try:
-            proc = subprocess.run(
-                argv,
-                check=False,
-                cwd=cwd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                timeout=BUILD_TIMEOUT_S,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise BuildError(f"`{argv[0]}` ran over {BUILD_TIMEOUT_S} s", log=log) from exc
+        started = time.monotonic()
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+        while True:
+            try:
+                proc.wait(timeout=every_s)
+                break
+            except subprocess.TimeoutExpired:
+                took = time.monotonic() - started
+                if took > BUILD_TIMEOUT_S:
+                    proc.kill()
+                    proc.wait()
+                    raise BuildError(f"`{argv[0]}` ran over {BUILD_TIMEOUT_S} s", log=log) from None
+                print(
+                    f"llama-server: {os.path.basename(argv[0])} {progress(log)} after "
+                    f"{took:.0f} s (tail -f {log})",
+                    flush=True,
+                )
     if proc.returncode != 0:
         tail = log.read_text(errors="replace").splitlines()[-15:]
         raise BuildError(
@@ -196,7 +220,11 @@ def _build(root: Path, jobs: int) -> None:
     work = Path(tempfile.mkdtemp(prefix=f".{key}.partial-", dir=root))
     log = root / f"{key}.log"
     log.write_text("")
-    print(f"llama-server: building {key} (about 6 minutes on 2 cores); log: {log}", flush=True)
+    print(
+        f"llama-server: building {key}, once per machine (about 6 minutes on 2 idle cores, "
+        f"much longer on busy ones); a progress line every {PROGRESS_EVERY_S:.0f} s; log: {log}",
+        flush=True,
+    )
     try:
         requirement = work / "requirement.txt"
         requirement.write_text(f"llama-cpp-python=={VERSION} --hash=sha256:{SDIST_SHA256}\n")

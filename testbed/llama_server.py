@@ -21,7 +21,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +30,13 @@ from typing import IO, Any
 from testbed import llama_build
 
 DEFAULT_ALIAS = "tiny"
+#: Where the testbed's sites run llama-server from (their servers' command[0]) and keep each
+#: model's persistent copy: MODELS_ROOT/<name>/MODEL_FILE, as a user would put them there.
+PROGRAM = "/usr/local/bin/llama-server"
+MODELS_ROOT = "/tank/models"
+MODEL_FILE = "model.gguf"
+#: push(machine, file on the controller, path on the machine, mode): Harness.push.
+Push = Callable[[str, Path, str, int], object]
 #: Bounds, not estimates: the tiny model loads in well under a second.
 READY_DEADLINE_S = 60.0
 REQUEST_TIMEOUT_S = 120.0
@@ -254,6 +261,28 @@ def _concurrent(server: Server, streams: int, request: dict[str, Any]) -> dict[s
         f"concurrent_{streams}x64_decode_calls": metric(server.base, "llamacpp:n_decode_total")
         - decodes,
     }
+
+
+def install(
+    push: Push, machine: str, workdir: Path, binary: Path, models: Mapping[str, tuple[int, int]]
+) -> list[str]:
+    """What a user does on a testbed machine before the playbook: llama-server at PROGRAM and
+    each model's persistent copy under MODELS_ROOT (a tiny GGUF of the given seed, and that many
+    bytes of padding beside it). Returns the paths written on the machine."""
+    from testbed import tiny_gguf  # noqa: PLC0415 (numpy and gguf only here)
+
+    push(machine, binary, PROGRAM, 0o755)
+    written = [PROGRAM]
+    for name, (seed, pad) in models.items():
+        gguf = tiny_gguf.write(workdir / f"{name}.gguf", seed=seed)
+        written.append(f"{MODELS_ROOT}/{name}/{MODEL_FILE}")
+        push(machine, gguf, written[-1], 0o644)
+        if pad:
+            filler = workdir / f"{name}.pad"
+            filler.write_bytes(bytes(pad))
+            written.append(f"{MODELS_ROOT}/{name}/pad.bin")
+            push(machine, filler, written[-1], 0o644)
+    return written
 
 
 def _build(root: Path | None) -> llama_build.Built:

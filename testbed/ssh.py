@@ -43,9 +43,15 @@ def options(slot: Slot) -> list[str]:
 
 
 def argv(
-    slot: Slot, address: str, command: Sequence[str] = (), tty: bool | None = False
+    slot: Slot,
+    address: str,
+    command: Sequence[str] = (),
+    tty: bool | None = False,
+    quote: bool = True,
 ) -> list[str]:
-    """ssh argv for ``command`` on the machine; the remote shell gets it quoted, word by word.
+    """ssh argv for ``command`` on the machine; the remote shell gets it quoted, word by word,
+    or with ``quote=False`` joined by spaces as ssh(1) joins its arguments, so the remote shell
+    reads `'a; b'` as two commands (what a person typing `python -m testbed ssh` expects).
 
     ``tty``: True forces a terminal, False refuses one, None leaves it to ssh (interactive use).
     """
@@ -55,7 +61,7 @@ def argv(
         args += ["-t"] if tty else ["-T"]
     args += ["-p", str(SSH_PORT), f"root@{address}"]
     if command:
-        args += ["--", shlex.join(command)]
+        args += ["--", shlex.join(command) if quote else " ".join(command)]
     return args
 
 

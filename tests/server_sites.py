@@ -13,18 +13,18 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
 import yaml
 
+from testbed import llama_server
 from tests.unit.spec_helpers import DROP, changed
 
 REPO = Path(__file__).resolve().parents[1]
 TESTBED_SPEC = REPO / "inventory" / "testbed" / "group_vars" / "all.yml"
 
-LLAMA: Final = "/usr/local/bin/llama-server"
+LLAMA: Final = llama_server.PROGRAM
 #: An alias with every character a unit file would mangle unless quoted: the test reads the
 #: process's argv back and compares.
 TRICKY_ALIAS: Final = 'tiny b "quoted" $HOME ${X} 100% \\ back;'
@@ -36,7 +36,7 @@ SHM_SIZE: Final = "96M"
 def model(name: str) -> dict[str, str]:
     return {
         "name": name,
-        "source": f"/tank/models/{name}",
+        "source": f"{llama_server.MODELS_ROOT}/{name}",
         "staged": f"/dev/shm/models/{name}",
     }
 
@@ -46,7 +46,7 @@ def llama(
 ) -> dict[str, Any]:
     argv = [
         LLAMA,
-        *("--model", f"/dev/shm/models/{model_name}/model.gguf", "--alias", alias),
+        *("--model", f"/dev/shm/models/{model_name}/{llama_server.MODEL_FILE}", "--alias", alias),
         *("--host", "127.0.0.1", "--port", str(port)),
         *("--ctx-size", "512", "--parallel", "2", "--threads", "1", "--no-webui", "--metrics"),
     ]
@@ -102,24 +102,12 @@ def server_names(site: dict[str, Any]) -> list[str]:
     return [s["name"] for s in site["servers"]]
 
 
-#: push(machine, file on the controller, path on the machine, mode)
-Push = Callable[[str, Path, str, int], object]
-
-
-def prepare_ct(push: Push, workdir: Path, binary: Path) -> Path:
+def prepare_ct(push: llama_server.Push, workdir: Path, binary: Path) -> Path:
     """What a user does before the playbook: the engine's program in place (llama-server, built
     by testbed/llama_build.py) and each model's persistent copy (a tiny GGUF, and padding for the
-    big ones) under /tank/models. Returns the extra-vars file with the site."""
-    from testbed import tiny_gguf  # noqa: PLC0415 - numpy and gguf only here
-
-    push("ct", binary, LLAMA, 0o755)
-    for name, (seed, pad) in MODELS.items():
-        gguf = tiny_gguf.write(workdir / f"{name}.gguf", seed=seed)
-        push("ct", gguf, f"/tank/models/{name}/model.gguf", 0o644)
-        if pad:
-            filler = workdir / f"{name}.pad"
-            filler.write_bytes(bytes(pad))
-            push("ct", filler, f"/tank/models/{name}/pad.bin", 0o644)
+    big ones) under /tank/models (llama_server.install, which the quickstart runs too). Returns
+    the extra-vars file with the site."""
+    llama_server.install(push, "ct", workdir, binary, MODELS)
     site = workdir / "llama-site.yml"
     site.write_text(yaml.safe_dump({"ct200_site": llama_site()}, sort_keys=False))
     return site

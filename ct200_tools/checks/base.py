@@ -10,7 +10,7 @@ check fails, it skips naming that check (`caused_by`). A check that raises is a 
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -43,12 +43,37 @@ ABOUT_BY_PREFIX: dict[str, tuple[About, ...]] = {
 
 @dataclass(frozen=True)
 class Remedy:
-    """How to fix a failure: what, where, the exact command or config line, the playbook tag."""
+    """How to fix a failure: what, where, the exact commands and config lines, the playbook tag.
+
+    ``command`` is shell to paste, one command a line; ``config`` holds lines that belong in
+    ``file`` (a PVE container config, a sysctl.d file): pasted into a shell they would run as
+    commands, so reports print them as lines of their file, never after a `$`."""
 
     action: str
     where: Where
     command: str | None = None
     tag: str | None = None
+    config: tuple[str, ...] = ()
+    #: Where the config lines go: an absolute path, or the place when no path names it.
+    file: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.config and not self.file:
+            raise ValueError(f"remedy {self.action!r}: config lines without the file they go in")
+
+    def lines(self, prompt: str = "$ ") -> list[str]:
+        """The fix as reports print it (fix_lines)."""
+        return fix_lines(self.command, self.config, self.file, prompt)
+
+
+def fix_lines(
+    command: str | None, config: Sequence[str], file: str | None, prompt: str = "$ "
+) -> list[str]:
+    """A fix's lines as reports print them: first each config line as `in FILE: LINE` (a line
+    to put in that file, never after a `$`), then each command after the prompt (to paste)."""
+    return [f"in {file}: {line}" for line in config] + [
+        f"{prompt}{c}" for c in (command or "").splitlines()
+    ]
 
 
 @dataclass(frozen=True)
@@ -159,6 +184,9 @@ class Check:
     tags: tuple[str, ...] = ()
     #: What it judges (see About); a Scope drops the checks that do not apply to its server.
     about: tuple[About, ...] = ()
+    #: Whether it judges the NVIDIA GPUs, their driver or their passthrough: on a site whose
+    #: spec declares none (gpus.count: 0) it does not apply.
+    gpu_only: bool = False
 
     @property
     def module(self) -> str:
@@ -177,16 +205,18 @@ def check(
     needs_spec: bool = False,
     tags: tuple[str, ...] = (),
     about: tuple[About, ...] | None = None,
+    gpu_only: bool | None = None,
 ) -> Callable[[CheckFn], Check]:
     """Make the decorated function a check unit; its docstring is the check's doc. `about`
-    defaults to its id prefix's (ABOUT_BY_PREFIX)."""
+    defaults to its id prefix's (ABOUT_BY_PREFIX), `gpu_only` to whether it is about GPUs."""
 
     def unit(fn: CheckFn) -> Check:
         doc = " ".join((fn.__doc__ or "").split())
         if not doc:
             raise TypeError(f"check {id}: {fn.__name__} needs a docstring (it is the check's doc)")
         what = about if about is not None else ABOUT_BY_PREFIX.get(id.partition(".")[0], ())
-        return Check(id, title, severity, fn, doc, needs, needs_spec, tags, what)
+        gpus = gpu_only if gpu_only is not None else "gpus" in what
+        return Check(id, title, severity, fn, doc, needs, needs_spec, tags, what, gpus)
 
     return unit
 
@@ -197,11 +227,15 @@ NO_SPEC_FIX = (
 )
 #: The skip of each needs-spec check without one: short, since the header says how to fix it.
 NEEDS_SPEC = "needs the site spec"
+#: The skip of a GPU check on a site without GPUs: not applicable, which is healthy (gpud).
+NO_GPU_SITE = "does not apply: the site spec declares no NVIDIA GPU (gpus.count: 0)"
 
 
 def run_check(c: Check, ctx: Context) -> Finding:
     if c.needs_spec and ctx.spec is None:
         return Finding(c.id, c.title, "skip", c.severity, NEEDS_SPEC)
+    if c.gpu_only and ctx.spec is not None and ctx.spec.gpus.count == 0:
+        return Finding(c.id, c.title, "skip", c.severity, NO_GPU_SITE)
     try:
         out = c.fn(ctx)
     except Exception as exc:  # noqa: BLE001 - a check bug is reported as such, never a traceback

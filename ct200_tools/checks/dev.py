@@ -164,8 +164,10 @@ def remedy_for(ctx: Context, prs: Sequence[NodeProblem]) -> Remedy:
     return Remedy(
         "; ".join(p.action for p in parts),
         parts[0].where,
-        "\n".join(p.command for p in parts if p.command),
+        "\n".join(p.command for p in parts if p.command) or None,
         next((p.tag for p in parts if p.tag), None),
+        tuple(line for p in parts for line in p.config),
+        next((p.file for p in parts if p.file), None),
     )
 
 
@@ -178,8 +180,10 @@ def _devn_fix(ctx: Context) -> Remedy:
         "pve-container then allows each node's current major at every start. The nodes must "
         f"exist on the host first (nvidia-modprobe -u -c0), then pct reboot {vmid}",
         "host",
-        "\n".join(lines),
+        None,
         "lxc_passthrough",
+        tuple(lines),
+        conf,
     )
 
 
@@ -203,8 +207,10 @@ def _raw_lxc_fix(ctx: Context, prs: Sequence[NodeProblem]) -> Remedy:
         f"add these lines to {conf} with the majors the host has now ({awk.rstrip(';')}) and "
         f"delete allow lines for older majors of {', '.join(drivers)}, then pct reboot {vmid}",
         "host",
-        "\n".join(lines),
+        None,
         "lxc_passthrough",
+        tuple(lines),
+        conf,
     )
 
 
@@ -241,8 +247,11 @@ def _allow_fix(ctx: Context, prs: Sequence[NodeProblem]) -> Remedy:
         + "; allow it where the cgroup is made (systemd unit: DeviceAllow=; docker: --device "
         "or the NVIDIA runtime)",
         "this machine",
-        "\n".join(f"DeviceAllow=char-{d} rw" for d in drivers),
         None,
+        None,
+        tuple(f"DeviceAllow=char-{d} rw" for d in drivers),
+        # No path: the unit is whatever starts this program (`systemctl edit UNIT` writes one).
+        "the [Service] section of the systemd unit that starts the program",
     )
 
 

@@ -30,6 +30,8 @@ from ct200_tools.probes.pci import ACS_REDIRECT
 #: Why a host check skipped: the host was not read.
 NO_HOST = "the PVE host was not read: run `ct200-doctor check --host HOST` (`--host local` on it)"
 HOST_DEVICES_UNIT = "ct200-host-devices.service"
+#: Debian's (and PVE's) kernel command line for GRUB, read by update-grub.
+GRUB_DEFAULTS = "/etc/default/grub"
 
 
 def no_host(ctx: Context) -> Outcome:
@@ -79,6 +81,7 @@ def expected_host_nodes(ctx: Context, h: HostFacts) -> list[str]:
     "error",
     needs=("host",),
     tags=("host_devices",),
+    gpu_only=True,
 )
 def check_host_nodes(ctx: Context) -> Outcome:
     """On the PVE host, nvidia and nvidia_uvm are loaded (/proc/devices lists them) and every
@@ -155,6 +158,7 @@ def check_host_nodes(ctx: Context) -> Outcome:
     needs=("host",),
     needs_spec=True,
     tags=("host_tuning",),
+    gpu_only=True,
 )
 def check_host_mrrs(ctx: Context) -> Outcome:
     """tune.pcie_mrrs on the host, from each GPU's full config space (root there reads all 4096
@@ -185,7 +189,9 @@ def check_host_numa_balancing(ctx: Context) -> Outcome:
     )
 
 
-@check("host.acs", "ACS redirect on bridges above the GPUs", "warning", needs=("host",))
+@check(
+    "host.acs", "ACS redirect on bridges above the GPUs", "warning", needs=("host",), gpu_only=True
+)
 def check_acs(ctx: Context) -> Outcome:
     """No PCIe bridge above a GPU has ACS P2P Request or Completion Redirect on: with them,
     peer-to-peer traffic between GPUs under one switch goes up to the root complex (and through
@@ -240,6 +246,7 @@ def check_acs(ctx: Context) -> Outcome:
     "warning",
     needs=("kernel", "host"),
     tags=("host_tuning",),
+    gpu_only=True,
 )
 def check_iommu(ctx: Context) -> Outcome:
     """If the kernel enables IOMMU translation (intel_iommu=on / amd_iommu=on) it also has
@@ -257,10 +264,16 @@ def check_iommu(ctx: Context) -> Outcome:
         return failed(
             "IOMMU translation is on without passthrough: GPU P2P goes through the root complex",
             Remedy(
-                "add iommu=pt to the host kernel command line and reboot",
+                "add iommu=pt to the host kernel command line (the line below, last in the "
+                "file, appends it to what is there), regenerate the boot config, then reboot "
+                "(a host booted by systemd-boot: add it to /etc/kernel/cmdline, then "
+                "proxmox-boot-tool refresh)",
                 where,
-                'GRUB_CMDLINE_LINUX_DEFAULT="... iommu=pt" then update-grub',
+                "update-grub",
                 "host_tuning",
+                # /etc/default/grub is shell: a later assignment extends the earlier one.
+                ('GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT iommu=pt"',),
+                GRUB_DEFAULTS,
             ),
             f"cmdline: {' '.join(a for a in args if 'iommu' in a)}",
         )
@@ -273,6 +286,7 @@ def check_iommu(ctx: Context) -> Outcome:
     "host driver matches the container's",
     "error",
     needs=("host", "nvml", "kernel"),
+    gpu_only=True,
 )
 def check_host_driver(ctx: Context) -> Outcome:
     """The host's NVIDIA kernel module is the version of the userspace driver this machine (the

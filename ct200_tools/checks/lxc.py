@@ -64,8 +64,10 @@ def _edit_fix(c: LxcConfFacts, ctx: Context, diff: list[str], what: str) -> Reme
         f"in {c.path}, {what}: change the lines marked - into those marked + (the "
         f"{TAG} tag makes exactly this edit, under pve-container's config lock), " + _restart(c),
         host_side(ctx),
-        "\n".join(diff),
+        None,
         TAG,
+        tuple(diff),
+        c.path,
     )
 
 
@@ -95,6 +97,7 @@ def _no_conf(c: LxcConfFacts, ctx: Context) -> Outcome:
     needs=("host",),
     needs_spec=True,
     tags=(TAG,),
+    gpu_only=True,
 )
 def check_lxc_nodes(ctx: Context) -> Outcome:
     """The container's config passes every node it needs (/dev/nvidia0..N-1, nvidiactl,
@@ -148,6 +151,7 @@ def check_lxc_nodes(ctx: Context) -> Outcome:
     needs=("host",),
     needs_spec=True,
     tags=(TAG,),
+    gpu_only=True,
 )
 def check_lxc_majors(ctx: Context) -> Outcome:
     """Every node the config bind-mounts (raw-lxc) has an lxc.cgroup2.devices.allow rule for its

@@ -15,6 +15,8 @@ from ct200_tools.checks.base import (
 )
 from ct200_tools.facts import KernelFacts, PciFacts
 
+#: The file roles/host_tuning persists the sysctl in (host_tuning_sysctl_file).
+SYSCTL_FILE = "/etc/sysctl.d/60-ct200.conf"
 #: Device Control bits 14:12 hold log2(MRRS/128).
 MRRS_CODE = {128: 0, 256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
 
@@ -49,10 +51,12 @@ def judge_numa_balancing(
     return failed(
         f"kernel.numa_balancing = {have}, the spec wants {want}",
         Remedy(
-            "set the host sysctl and persist it in /etc/sysctl.d/ (a container cannot change it)",
+            "set the host sysctl now and persist it for every boot (a container cannot change it)",
             where,
             f"sysctl -w kernel.numa_balancing={want}",
             "host_tuning",
+            (f"kernel.numa_balancing = {want}",),
+            SYSCTL_FILE,
         ),
     )
 
@@ -64,6 +68,7 @@ def judge_numa_balancing(
     needs=("pci", "kernel"),
     needs_spec=True,
     tags=("host_tuning",),
+    gpu_only=True,
 )
 def check_mrrs(ctx: Context) -> Outcome:
     """Each GPU's Device Control MRRS equals tuning.pcie_max_read_request. Config space resets

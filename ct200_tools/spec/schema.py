@@ -93,11 +93,15 @@ def read_pve(root: Section) -> PveSpec | None:
 def read_gpus(root: Section) -> GpuSpec | None:
     if "gpus" not in root.data:
         return None  # the root section already reported it missing
-    gpus = section(root.issues, root.data["gpus"], "gpus", GPUS, required=("count", "model"))
+    gpus = section(root.issues, root.data["gpus"], "gpus", GPUS, required=("count",))
     if gpus is None:
         return None
-    count = gpus.get_int("count", 1, MAX_GPUS)
-    model = gpus.get_str("model")
+    # 0: a site with no NVIDIA GPU (the testbed, a CPU server): the doctor's GPU checks do not
+    # apply there, instead of failing on every machine of it.
+    count = gpus.get_int("count", 0, MAX_GPUS)
+    if count != 0 and "model" not in gpus.data:
+        root.issues.error(gpus.where("model"), "required key is missing", f"add {GPUS['model']}")
+    model = gpus.get_str("model") if "model" in gpus.data else ""
     pcie = subsection(gpus, "pcie", PCIE, required=("gen", "width"))
     gen = pcie.get_int("gen", 1, 6) if pcie else None
     width = pcie.get_int("width", 1, 32, choices=(1, 2, 4, 8, 16, 32)) if pcie else None
@@ -120,6 +124,12 @@ def read_numa(gpus: Section, count: int | None) -> tuple[tuple[int, ...], ...]:
         for i, gpu in enumerate(members):
             if isinstance(gpu, bool) or not isinstance(gpu, int):
                 gpus.issues.error(at(at(path, n), i), f"{show(gpu)} is not a GPU index", "e.g. 0")
+            elif count == 0:
+                gpus.issues.error(
+                    at(at(path, n), i),
+                    f"GPU {show(gpu)}, but the site has no GPU (gpus.count is 0)",
+                    "remove gpus.numa, or declare the GPUs in gpus.count",
+                )
             elif count is not None and not 0 <= gpu < count:
                 gpus.issues.error(
                     at(at(path, n), i),

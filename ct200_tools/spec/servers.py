@@ -100,6 +100,13 @@ def index_list(
     for i, item in enumerate(value):
         if isinstance(item, bool) or not isinstance(item, int):
             issues.error(at(path, i), f"{show(item)} is not a GPU index", "write whole numbers")
+        elif count == 0:
+            issues.error(
+                at(path, i),
+                f"GPU {show(item)}, but the site has no GPU (gpus.count is 0)",
+                "give the server gpus: [] (engine: command, on the CPU), or declare the GPUs "
+                "in gpus.count",
+            )
         elif count is not None and not 0 <= item < count:
             issues.error(
                 at(path, i),

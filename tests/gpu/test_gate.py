@@ -109,10 +109,13 @@ def test_gate_stops_a_server_whose_cgroup_denies_nvidia_uvm(
     last = r.stdout.splitlines()[-1]
     assert last.startswith("ct200-doctor gate bench: no-go: dev.open: "), last
     assert f"denies c {major}:0 (nvidia-uvm)" in last
-    # In a container the fix is the devN block for the host; elsewhere the unit's DeviceAllow.
+    # In a container the fix is the devN block for the host; elsewhere the unit's DeviceAllow:
+    # lines of a file, said as such.
     assert (
-        "fix on host: dev0: /dev/nvidia0,mode=0666" in last
-        or "fix on this machine: DeviceAllow=char-nvidia-uvm rw" in last
+        "fix on host: in /etc/pve/lxc/" in last and ": dev0: /dev/nvidia0,mode=0666" in last
+    ) or (
+        "fix on this machine: in the [Service] section of the systemd unit that starts the "
+        "program: DeviceAllow=char-nvidia-uvm rw" in last
     ), last
     assert "gpu.cuda_init" in r.stdout  # shown under its root, not as a second fault
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
@@ -188,3 +189,101 @@ def test_own_site_from_the_example(tmp_path: Path) -> None:
     path = re.search(r"ct200_tools_wheelhouse: (\S+)", wheelhouse.stdout)
     assert path, wheelhouse.stdout
     assert Path(path.group(1)).resolve() == REPO / "dist" / "ct200-tools-wheelhouse.tar"
+
+
+# -- the quickstart: what it runs, what README says it runs, and the spec it serves -----------
+
+QUICKSTART = (REPO / "scripts" / "quickstart.sh").read_text()
+SERVING = REPO / "inventory" / "testbed" / "serving.yml"
+#: `python -m testbed ...` / `$PY -m testbed ...` commands in a text, as `ARGS`.
+TESTBED_CMD = re.compile(r'(?:python|"\$PY") -m testbed ([a-z][\w-]*(?: [^\n#`<]*)?)')
+
+
+def bed_commands(text: str) -> list[str]:
+    return [" ".join(m.group(1).split()) for m in TESTBED_CMD.finditer(text)]
+
+
+def script_runs() -> str:
+    """The quickstart's own steps: its lines, less comments and the text it prints or pipes."""
+    kept, inside = [], ""
+    for line in QUICKSTART.splitlines():
+        if inside:
+            inside = "" if line == inside else inside
+            continue
+        if line.lstrip().startswith("#"):
+            continue
+        heredoc = re.search(r"<<'?(\w+)'?", line)
+        inside = heredoc.group(1) if heredoc else ""
+        kept.append(line)
+    return "\n".join(kept)
+
+
+def test_readme_names_every_step_the_quickstart_takes() -> None:
+    """Each `python -m testbed` step of the script is in the Quick start, and so is each ct200
+    tool it runs on the machine: the README cannot describe a run the script does not make."""
+    readme = " ".join(section("Quick start").split())
+    runs = bed_commands(script_runs())
+    assert [c.split()[0] for c in runs][:3] == ["up", "llama", "ssh"], runs
+    missing = [c for c in runs if f"python -m testbed {c.split()[0]}" not in readme]
+    tools = {t for c in runs for t in re.findall(r"(ct200-[a-z]+ [a-z][\w-]*)", c)}
+    missing += [t for t in sorted(tools) if t not in readme]
+    assert missing == [], f"README's Quick start lacks: {missing}"
+
+
+def test_readme_shows_the_recovery_the_quickstart_prints() -> None:
+    """The reboot and what to run after it, as the script's last words print them, are the
+    README's block word for word."""
+    printed = QUICKSTART[QUICKSTART.index("Zero-touch recovery") :].split("\n\n")[0]
+    lines = [ln.split("#")[0].strip() for ln in printed.splitlines()[2:]]
+    assert lines[0] == "python -m testbed reboot", lines
+    block = section("Quick start")
+    assert all(ln and ln in block for ln in lines), lines
+
+
+def test_the_quickstart_converges_the_serving_spec_and_needs_a_clean_doctor() -> None:
+    assert "SPEC=inventory/testbed/serving.yml" in QUICKSTART
+    assert 'ansible-playbook -i "$INVENTORY" -e "@$SPEC" playbooks/site.yml' in QUICKSTART
+    assert "-e @inventory/testbed/serving.yml" in " ".join(section("Quick start").split())
+    # Only a clean doctor goes on: every other exit stops the script.
+    case = QUICKSTART[QUICKSTART.index("case $rc in") : QUICKSTART.index("esac")]
+    assert re.findall(r"^\s+(\S+)\)", case, re.MULTILINE) == ["0", "255", "*"]
+    assert "fail " in case.split("*)")[1]
+    proc = subprocess.run(["bash", "-n", "scripts/quickstart.sh"], cwd=REPO, check=False)
+    assert proc.returncode == 0
+
+
+def test_the_testbed_commands_the_quickstart_names_exist() -> None:
+    from testbed import cli  # noqa: PLC0415
+
+    named = {c.split()[0] for c in bed_commands(QUICKSTART + section("Quick start"))}
+    assert named <= set(cli.main.commands), named - set(cli.main.commands)
+    serve = set(re.findall(r"ct200-serve (\w[\w-]*)", QUICKSTART + section("Quick start")))
+    from ct200_tools.cli.serve import cli as serve_cli  # noqa: PLC0415
+
+    assert serve <= set(serve_cli.commands), serve - set(serve_cli.commands)
+
+
+def test_the_serving_spec_says_what_the_testbed_has() -> None:
+    """No GPU, the model `python -m testbed llama` writes, the program it puts there, and the
+    rest of the testbed's site as group_vars/all.yml has it (written once there)."""
+    from ct200_tools.spec import load_spec  # noqa: PLC0415
+    from testbed import cli, llama_server  # noqa: PLC0415
+
+    data = yaml.safe_load(SERVING.read_text())["ct200_site"]
+    base = yaml.safe_load((REPO / "inventory/testbed/group_vars/all.yml").read_text())
+    assert {k: v for k, v in data.items() if k not in ("gpus", "models", "servers")} == {
+        k: v for k, v in base["ct200_site"].items() if k not in ("gpus", "models", "servers")
+    }
+    spec = load_spec(SERVING)
+    assert spec.gpus.count == 0
+    (server,) = [s for s in spec.servers if s.enabled]
+    assert server.gpus == () and server.command[0] == llama_server.PROGRAM
+    (model,) = spec.needed_models([server])
+    assert model.source == f"{llama_server.MODELS_ROOT}/{model.name}"
+    assert server.command[server.command.index("--model") + 1] == (
+        f"{model.staged}/{llama_server.MODEL_FILE}"
+    )
+    written = next(p for p in cli.llama.params if p.name == "models").default
+    assert tuple(written) == (model.name,)  # type: ignore[arg-type]
+    assert f"PORT={server.port}\n" in QUICKSTART
+    assert f"ct200-server-{server.name}.service" in QUICKSTART

@@ -474,9 +474,8 @@ def test_c195_denied_fix_passes_every_denied_node_through(ct200: SiteSpec) -> No
     denied = ["/dev/nvidiactl", *(f"/dev/nvidia{i}" for i in range(8))]
     for node in denied:
         assert any(f"open({node}) = EPERM" in e for e in root.evidence), node
-    assert root.remediation is not None and root.remediation.command is not None
-    lines = root.remediation.command.splitlines()
-    assert lines == [
+    assert root.remediation is not None
+    assert list(root.remediation.config) == [
         *(f"dev{i}: /dev/nvidia{i},mode=0666" for i in range(8)),
         "dev8: /dev/nvidiactl,mode=0666",
         "dev9: /dev/nvidia-uvm,mode=0666",
@@ -485,7 +484,7 @@ def test_c195_denied_fix_passes_every_denied_node_through(ct200: SiteSpec) -> No
     raw = dataclasses.replace(ct200, pve=dataclasses.replace(ct200.pve, passthrough="raw-lxc"))
     raw_got = {f.id: f for f in run_checks(recorded("ct200-ct-c195-denied"), raw)}
     fix = raw_got["dev.open"].remediation
-    assert fix is not None and fix.command == "lxc.cgroup2.devices.allow: c 195:* rwm"
+    assert fix is not None and fix.config == ("lxc.cgroup2.devices.allow: c 195:* rwm",)
     assert raw_got["driver.nvml"].remediation == fix
 
 

@@ -43,7 +43,10 @@ FACT_SECTIONS = (
 )
 FILE_KEYS = {"check", "examples"}
 EXAMPLE_KEYS = {"name", "about", "facts", "set", "delete", "spec", "enabled", "expect"}
-EXPECT_KEYS = {"status", "summary", "evidence", "caused_by", "action", "where", "command", "tag"}
+EXPECT_KEYS = {
+    *("status", "summary", "evidence", "caused_by"),
+    *("action", "where", "command", "config", "file", "tag"),
+}
 NAME = re.compile(r"(pass|fail|warn|skip|error)-[a-z0-9]+(-[a-z0-9]+)*")
 
 
@@ -187,6 +190,9 @@ def test_example(cid: str, ex: dict[str, Any]) -> None:
         assert expect["action"] in fix.action, fix
         assert fix.where == expect["where"], fix
         assert expect.get("command", "") in (fix.command or ""), fix
+        # Config lines are said apart from commands, with the file they belong in.
+        assert expect.get("config", "") in "\n".join(fix.config), fix
+        assert fix.file == expect.get("file"), fix
         assert fix.tag == expect.get("tag"), fix
         assert fix.tag is None or fix.tag in c.tags, fix
     # `needs` is the truth: without the other sections the verdict is the same.

@@ -100,14 +100,15 @@ def test_recorded_uvm_denied_names_cgroup_and_fix(h200: SiteSpec) -> None:
     # The H200 machine reads as a container (/.dockerenv): the fix goes to the host config.
     assert cuda.remediation.where == "host"
     # Both uvm nodes are denied: the block passes every node through, numbered to paste once.
-    assert cuda.remediation.command is not None
-    assert cuda.remediation.command.splitlines() == H200_BLOCK
+    assert cuda.remediation.command is None  # config lines, not commands
+    assert list(cuda.remediation.config) == H200_BLOCK
+    assert cuda.remediation.file == "/etc/pve/lxc/200.conf"
     assert cuda.remediation.tag == "lxc_passthrough"
     assert got["dev.open"].status == "fail"
     assert got["dev.majors"].status == "pass"
     raw = dataclasses.replace(h200, pve=dataclasses.replace(h200.pve, passthrough="raw-lxc"))
     fix = by_id(run_checks(facts("h200-uvm-denied"), raw))["gpu.cuda_init"].remediation
-    assert fix is not None and fix.command == "lxc.cgroup2.devices.allow: c 238:* rwm"
+    assert fix is not None and fix.config == ("lxc.cgroup2.devices.allow: c 238:* rwm",)
 
 
 def test_recorded_stale_node_names_the_major(h200: SiteSpec) -> None:
@@ -156,8 +157,7 @@ def test_ct200_incident_gives_the_devn_block(ct200: SiteSpec) -> None:
     assert "denies c 511:0 (nvidia-uvm)" in cuda.summary
     assert cuda.caused_by == "dev.open"
     assert cuda.remediation is not None
-    assert cuda.remediation.command is not None
-    assert cuda.remediation.command.splitlines() == CT200_BLOCK
+    assert list(cuda.remediation.config) == CT200_BLOCK
     assert "/etc/pve/lxc/200.conf" in cuda.remediation.action
     assert "pct reboot 200" in cuda.remediation.action
     # The reboot wiped /dev/shm too: a second, independent root cause.

@@ -66,7 +66,10 @@ def test_json_report_schema() -> None:
     assert doc["root_causes"] == ["dev.open", "models.staged"]
     cuda = next(c for c in doc["checks"] if c["id"] == "gpu.cuda_init")
     assert cuda["caused_by"] == "dev.open"
-    assert cuda["remediation"]["command"].splitlines()[8:] == [
+    # The devN lines are lines of the container's config, said apart from commands.
+    assert cuda["remediation"]["command"] is None
+    assert cuda["remediation"]["file"] == "/etc/pve/lxc/200.conf"
+    assert cuda["remediation"]["config"][8:] == [
         "dev8: /dev/nvidiactl,mode=0666",
         "dev9: /dev/nvidia-uvm,mode=0666",
         "dev10: /dev/nvidia-uvm-tools,mode=0666",
@@ -165,7 +168,7 @@ def test_missing_facts_file(tmp_path: Path) -> None:
 
 def test_malformed_spec(tmp_path: Path) -> None:
     bad = tmp_path / "site.yml"
-    bad.write_text("ct200_site:\n  gpus: {count: 0, model: 5, colour: red}\n")
+    bad.write_text("ct200_site:\n  gpus: {count: -1, model: 5, colour: red}\n")
     for args in (("validate", str(bad)), ("check", "--spec", str(bad))):
         r = doctor(*args)
         no_traceback(r)

@@ -412,7 +412,7 @@ def test_a_gpu_whose_node_is_missing_is_that_node() -> None:
     )
     assert cuda.caused_by == "dev.nodes"  # type: ignore[attr-defined]
     assert cuda.remediation == got["dev.nodes"].remediation  # type: ignore[attr-defined]
-    assert "dev3: /dev/nvidia3,mode=0666" in cuda.remediation.command  # type: ignore[attr-defined]
+    assert "dev3: /dev/nvidia3,mode=0666" in cuda.remediation.config  # type: ignore[attr-defined]
 
 
 def test_the_prestart_starts_cuda_before_the_doctor_is_imported() -> None:

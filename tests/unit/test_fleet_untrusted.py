@@ -148,7 +148,7 @@ def test_a_wrongly_typed_check_field_the_table_shows_is_named(
     refused(fleet(file), f"hosts[1].report.checks[{i}].{field}: expected", FIX_LINE)
 
 
-@pytest.mark.parametrize("field", ["where", "action", "command", "tag"])
+@pytest.mark.parametrize("field", ["where", "action", "command", "tag", "file"])
 def test_a_wrongly_typed_fix_is_named(tmp_path: Path, field: str) -> None:
     doc = document()
     i = incident_check(doc)
@@ -157,6 +157,15 @@ def test_a_wrongly_typed_fix_is_named(tmp_path: Path, field: str) -> None:
     file.write_text(json.dumps(changed(doc, path, ["rm", "-rf", "/"])))
     where = f"hosts[1].report.checks[{i}].remediation.{field}: expected a string or null"
     refused(fleet(file), where, FIX_LINE)
+
+
+def test_config_lines_of_a_fix_must_be_a_list_of_strings(tmp_path: Path) -> None:
+    doc = document()
+    i = incident_check(doc)
+    file = tmp_path / "fleet.json"
+    path = ("hosts", 1, "report", "checks", i, "remediation", "config")
+    file.write_text(json.dumps(changed(doc, path, "dev0: /dev/nvidia0,mode=0666")))
+    refused(fleet(file), f"hosts[1].report.checks[{i}].remediation.config: expected", FIX_LINE)
 
 
 def test_deeply_nested_json_is_exit_2_with_where_it_is_too_deep(tmp_path: Path) -> None:
@@ -202,6 +211,8 @@ def forged_rows() -> list[Any]:
         if c["remediation"]:
             c["remediation"]["command"] = "true\r\x1b[1Afleet: ok\u202e"
             c["remediation"]["action"] = "do\x1b]0;owned\x07 it"
+            c["remediation"]["config"] = ["dev0: x\nfleet: ok\x1b[2K"]
+            c["remediation"]["file"] = "/etc/pve\rfleet: ok"
     sick = {**result("ct200-ct-incident.json"), "stdout": json.dumps(report)}
     broken = {"installed": True, "exit_code": 3, "stdout": "", "stderr": "boom\x1b[31m\nfleet: ok"}
     return gather(

@@ -101,8 +101,8 @@ def test_device_nodes_are_judged_within_the_scope(ct200: SiteSpec) -> None:
     assert "/dev/nvidia5 does not exist" in right.evidence
     assert left.status == "pass" and left.summary == "7 device nodes present"
     # The fix still passes every GPU through: a devN block for 4 GPUs would drop the others.
-    assert right.remediation is not None and right.remediation.command is not None
-    assert "dev7: /dev/nvidia7,mode=0666" in right.remediation.command
+    assert right.remediation is not None
+    assert "dev7: /dev/nvidia7,mode=0666" in right.remediation.config
 
 
 def test_models_are_judged_within_the_scope(ct200: SiteSpec) -> None:

@@ -56,7 +56,9 @@ def test_stale_uvm_rule_gives_the_line_to_change_as_the_module_changes_it() -> N
     assert got.summary.startswith("an allow rule for major 509, which no driver holds now")
     assert got.remediation is not None and got.remediation.tag == "lxc_passthrough"
     assert got.remediation.where == "host"
-    assert got.remediation.command == f"-{STALE}\n+lxc.cgroup2.devices.allow: c 511:* rwm"
+    assert got.remediation.command is None  # lines of the config file, not commands
+    assert got.remediation.config == (f"-{STALE}", "+lxc.cgroup2.devices.allow: c 511:* rwm")
+    assert got.remediation.file == "/etc/pve/lxc/200.conf"
     assert "/etc/pve/lxc/200.conf" in got.remediation.action
     assert "pct reboot 200" in got.remediation.action
     # The module, in raw-lxc mode with the host's /proc/devices, makes the same change in place.
@@ -94,7 +96,7 @@ def test_raw_lxc_nodes_not_passed_gives_the_lines_to_add() -> None:
     f = hh.with_host(facts("ct200-ct-healthy"), hh.HostCase(conf="fresh-pve8.conf"), spec)
     got = {x.id: x for x in run_checks(f, spec)}["lxc.nodes"]
     assert got.status == "fail" and got.remediation is not None
-    lines = (got.remediation.command or "").splitlines()
+    lines = got.remediation.config
     assert "+lxc.cgroup2.devices.allow: c 511:* rwm" in lines
     assert "+lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file" in (
         lines

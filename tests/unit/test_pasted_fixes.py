@@ -2,11 +2,16 @@
 literally (issue 19: the masked-unit fix put a parenthetical after the command, and
 `inventory/<site>` pastes as two redirections). Commands: each check's Remedy for every recorded
 facts fixture under every site spec we ship, and every fix of the container's and the host's
-boot chain for each step state; `bash -n` parses each one."""
+boot chain for each step state; `bash -n` parses each one.
+
+Config lines (a devN line of /etc/pve/lxc/200.conf, a sysctl.d line) are not commands: a
+Remedy carries them apart (`config`, with the `file` they go in), and no report prints one
+after a `$` (issue 19, item 3: `$ dev0: /dev/nvidia0,mode=0666` pasted runs `dev0:`)."""
 
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import shutil
 import subprocess
@@ -16,8 +21,11 @@ import pytest
 
 from ct200_tools.bootsteps import STATES, Step
 from ct200_tools.checks import run_checks
-from ct200_tools.facts import loads
+from ct200_tools.checks.base import Finding
+from ct200_tools.facts import Facts, loads
+from ct200_tools.fleet import HostResult, Status, render_table, roots_of
 from ct200_tools.hostchain import fix_of as host_fix
+from ct200_tools.report import Header, exit_code, gate_verdict, render_json, render_text
 from ct200_tools.serve import chain as ch
 from ct200_tools.spec import SiteSpec, load_spec
 
@@ -33,17 +41,35 @@ SPECS = {
 ANGLE_PLACEHOLDER = re.compile(r"<[A-Za-z_][A-Za-z0-9_ -]*>")
 
 
-def remedy_commands() -> list[tuple[str, str]]:
+#: What a config line looks like, in every file the checks name (PVE container config, sysctl.d,
+#: /etc/default/grub, a systemd unit): what must never be printed as a command.
+CONFIG_LINE = re.compile(
+    r"^[-+]?(dev\d+: |lxc\.[\w.]+[:=] ?|DeviceAllow=|[a-z_]+\.[\w.]+ = |GRUB_CMDLINE_\w+=)"
+)
+
+
+def runs() -> list[tuple[str, Facts, list[Finding]]]:
+    """Every recorded facts fixture judged under every shipped spec: (name, facts, findings)."""
     specs: dict[str, SiteSpec | None] = {
         k: (load_spec(v) if v is not None else None) for k, v in SPECS.items()
     }
-    out: list[tuple[str, str]] = []
+    out = []
     for path, (name, spec) in itertools.product(FACTS, specs.items()):
-        for finding in run_checks(loads(path.read_text()), spec):
+        facts = loads(path.read_text())
+        out.append((f"{path.stem} ({name})", facts, run_checks(facts, spec)))
+    return out
+
+
+RUNS = runs()
+
+
+def remedy_commands() -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for name, _, findings in RUNS:
+        for finding in findings:
             r = finding.remediation
             if r is not None and r.command:
-                where = f"{path.stem} ({name}): {finding.id}"
-                out += [(where, line) for line in r.command.splitlines()]
+                out += [(f"{name}: {finding.id}", line) for line in r.command.splitlines()]
     return out
 
 
@@ -96,3 +122,53 @@ def test_chain_fixes_name_a_command_in_backquotes(state: str) -> None:
     """The chain's fix for each state carries its command whole, so the test above sees it."""
     step = Step("server", "tiny", "ct200-server-tiny.service", state, "inactive", None, None, "")
     assert "`" in ch.fix_of(step)
+
+
+def test_config_lines_are_never_commands() -> None:
+    """No fix prints a config line as a command: not among a Remedy's commands (which the test
+    above only parses), not after a `$` in the text view or the fleet table, not as the gate's
+    one-line fix."""
+    bad = []
+    for name, facts, findings in RUNS:
+        code = exit_code(findings)
+        head = Header(facts, "spec")
+        report = json.loads(render_json(findings, head, code))
+        row = HostResult("h", Status.FAIL, "", report=report, roots=roots_of(report))
+        shown = render_text(findings, head) + render_table([row])
+        dollar = [ln.split("$ ", 1)[1] for ln in shown.splitlines() if "$ " in ln]
+        bad += [f"{name}: after a $: {ln!r}" for ln in dollar if CONFIG_LINE.match(ln)]
+        gate = gate_verdict(findings, "s", code)
+        if re.search(r"fix on [\w ]+: [-+]?(dev\d|lxc\.|DeviceAllow)", gate):
+            bad.append(f"{name}: the gate gives a config line as the fix: {gate!r}")
+        for f in findings:
+            commands = (f.remediation.command or "").splitlines() if f.remediation else []
+            bad += [f"{name}: {f.id}: command {c!r}" for c in commands if CONFIG_LINE.match(c)]
+    assert not bad, "\n".join(bad)
+
+
+def test_config_lines_name_their_file() -> None:
+    """Each config line comes with the file it goes in (a path, or the place when no path
+    names it), is printed as `in FILE: LINE`, and the JSON keeps lines and file apart from the
+    commands."""
+    configs = 0
+    for name, facts, findings in RUNS:
+        head = Header(facts, "spec")
+        text = render_text(findings, head)
+        report = json.loads(render_json(findings, head, exit_code(findings)))
+        by_id = {c["id"]: c for c in report["checks"]}
+        for f in findings:
+            r = f.remediation
+            if r is None:
+                continue
+            fix = by_id[f.id]["remediation"]
+            assert (fix["command"], fix["config"], fix["file"]) == (
+                r.command,
+                list(r.config),
+                r.file,
+            ), (name, f.id)
+            for line in r.config:
+                configs += 1
+                assert r.file and (r.file.startswith("/") or " " in r.file), (name, f.id)
+                if f.status in ("fail", "warn") and not f.caused_by:
+                    assert f"in {r.file}: {line}" in text, (name, f.id, line)
+    assert configs > 10  # the fixtures do print config lines: this test sees them

@@ -249,8 +249,14 @@ ERRORS = [
     pytest.param({"pve.vmid": DROP}, "pve.vmid", "missing", id="vmid-missing"),
     pytest.param({"pve.passthrough": "rawlxc"}, "pve.passthrough", "raw-lxc", id="passthrough"),
     # gpus
-    pytest.param({"gpus.count": 0}, "gpus.count", "1..64", id="count-zero"),
-    pytest.param({"gpus.count": 65}, "gpus.count", "1..64", id="count-too-big"),
+    pytest.param({"gpus.count": -1}, "gpus.count", "0..64", id="count-negative"),
+    pytest.param({"gpus.count": 65}, "gpus.count", "0..64", id="count-too-big"),
+    # No GPU on the site (gpus.count: 0): a server or NUMA node naming one says so.
+    pytest.param(
+        {"gpus.count": 0, "gpus.numa": DROP}, "servers[0].gpus[0]", "no GPU", id="count-zero"
+    ),
+    pytest.param({"gpus.count": 0}, "gpus.numa[0][0]", "no GPU", id="count-zero-numa"),
+    pytest.param({"gpus.model": DROP}, "gpus.model", "missing", id="model-missing"),
     pytest.param({"gpus.model": ""}, "gpus.model", "non-empty", id="model-empty"),
     pytest.param({"gpus.pcie.gen": 7}, "gpus.pcie.gen", "1..6", id="pcie-gen"),
     pytest.param({"gpus.pcie.width": 3}, "gpus.pcie.width", "16", id="pcie-width"),
