@@ -140,7 +140,7 @@ def engine(reps: int) -> dict[str, Any]:
                 for times in (first, again):
                     started = time.perf_counter()
                     pvecfg.apply(
-                        str(conf), want, proc_devices=str(PROC_DEVICES), lock_dir=tmp + "/lock"
+                        str(conf), want, proc_devices=str(PROC_DEVICES), lock_dir=str(tmp / "lock")
                     )
                     times.append((time.perf_counter() - started) * 1000)
             out[mode] = {"first_ms": median(first), "converged_ms": median(again)}
