@@ -47,7 +47,7 @@ test-unit:
 	$(PY) -m pytest tests/unit
 
 docs:
-	$(PY) -m ct200_tools.docs > docs/checks.md
+	$(PY) -m ct200_tools.doctor.docs > docs/checks.md
 
 # The release step: ct200-tools and its dependencies as wheels for the containers' Python, in one
 # tar file that playbooks/container.yml installs from (ct200_tools_wheelhouse). Needs PyPI (or a

@@ -153,8 +153,8 @@ def verify_rendered(units: Mapping[str, str], run: RunFn) -> list[Problem]:
 
 def render_servers(spec: str) -> dict[str, str]:
     """The unit of every server of a site spec, as the inference_servers role renders it."""
-    from ct200_tools.engines import unit_name  # noqa: PLC0415
-    from ct200_tools.render import render  # noqa: PLC0415
+    from ct200_tools.serve.engines import unit_name  # noqa: PLC0415
+    from ct200_tools.serve.render import render  # noqa: PLC0415
     from ct200_tools.spec import load_spec  # noqa: PLC0415
 
     site = load_spec(spec)

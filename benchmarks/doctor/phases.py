@@ -31,7 +31,7 @@ from benchmarks import _cli  # noqa: E402
 CHILD = r"""
 import json, os, sys, time
 t = {"start": time.perf_counter()}
-from ct200_tools import warmup
+from ct200_tools.doctor import warmup
 if sys.argv[3] == "1":
     warmup.start(["check", "--cuda-init", sys.argv[2]])
 else:  # the CUDA children alone: NVML initialises in the nvml probe, after the imports
@@ -42,13 +42,13 @@ t["imported"] = time.perf_counter()
 from ct200_tools.spec import load_spec
 spec = load_spec(sys.argv[1])
 t["spec"] = time.perf_counter()
-from ct200_tools.probes import collect
+from ct200_tools.doctor.probes import collect
 facts = collect(spec=spec, cuda_mode=sys.argv[2])
 t["probed"] = time.perf_counter()
-from ct200_tools.checks import run_checks
+from ct200_tools.doctor.checks import run_checks
 findings = run_checks(facts, spec)
 t["judged"] = time.perf_counter()
-from ct200_tools.report import Header, render_text
+from ct200_tools.doctor.report import Header, render_text
 render_text(findings, Header(facts, sys.argv[1]))
 t["rendered"] = time.perf_counter()
 cuda = facts.cuda.duration_s if facts.cuda else None

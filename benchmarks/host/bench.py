@@ -10,7 +10,7 @@ takes them down at the end; with --inventory it uses that running testbed (the t
 leaves the host as converged as it found it. Every host.yml re-run is checked to report
 changed=0. Times are wall-clock of the whole `ansible-playbook` process, medians.
 
-The module is timed twice: its engine in-process (ct200_tools.pvecfg.apply: lock, read, parse,
+The module is timed twice: its engine in-process (ct200_tools.host.pvecfg.apply: lock, read, parse,
 plan, write by rename; a fresh copy of the config for each first run), and as an Ansible task on
 the pve machine (the task's time from the ct200_report callback), both in both passthrough modes.
 """
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import _cli
-from ct200_tools import pvecfg
+from ct200_tools.host import pvecfg
 from testbed.config import DEFAULT_MACHINES, MachineSpec, Settings
 from testbed.harness import Harness, claim_test_slot
 

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ct200_tools import engines
-from ct200_tools.checks.base import Finding
-from ct200_tools.facts import Facts, to_jsonable
+from ct200_tools.doctor.checks.base import Finding
+from ct200_tools.doctor.facts import Facts, to_jsonable
+from ct200_tools.serve import engines
 from ct200_tools.spec import ServerSpec, SiteSpec
 from ct200_tools.untrusted import UntrustedInputError, read_bounded
 
@@ -72,8 +72,8 @@ Checker = Callable[[SiteSpec, str], Readiness]
 def switch_to(site: SiteSpec, name: str) -> SwitchReport:
     """`ct200-serve switch NAME` in this process: one switch at a time on the machine."""
     from ct200_tools.serve import switch as sw  # noqa: PLC0415
+    from ct200_tools.serve.serving import ServingError  # noqa: PLC0415
     from ct200_tools.serve.systemd import SystemdError  # noqa: PLC0415
-    from ct200_tools.serving import ServingError  # noqa: PLC0415
 
     try:
         with sw.locked():
@@ -94,10 +94,10 @@ def switch_to(site: SiteSpec, name: str) -> SwitchReport:
 
 def doctor_check(site: SiteSpec, name: str) -> Readiness:
     """`ct200-doctor check --server NAME`, through the doctor's own probes and checks."""
-    from ct200_tools.checks import for_scope, run_checks, select  # noqa: PLC0415
-    from ct200_tools.probes import collect  # noqa: PLC0415
-    from ct200_tools.report import Header, exit_code, gate_verdict, render_text  # noqa: PLC0415
-    from ct200_tools.scope import Scope  # noqa: PLC0415
+    from ct200_tools.doctor.checks import for_scope, run_checks, select  # noqa: PLC0415
+    from ct200_tools.doctor.probes import collect  # noqa: PLC0415
+    from ct200_tools.doctor.report import Header, exit_code, gate_verdict, render_text  # noqa: PLC0415
+    from ct200_tools.doctor.scope import Scope  # noqa: PLC0415
 
     scope = Scope.of(site, name)
     selected = for_scope(select(), scope)

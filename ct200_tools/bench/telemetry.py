@@ -13,8 +13,8 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar
 
-from ct200_tools.checks.gpu import SLOWDOWN_REASONS
-from ct200_tools.probes.nvml import _clocks_event_reasons, _text
+from ct200_tools.doctor.checks.gpu import SLOWDOWN_REASONS
+from ct200_tools.doctor.probes.nvml import _clocks_event_reasons, _text
 
 T = TypeVar("T")
 

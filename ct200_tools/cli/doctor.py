@@ -13,18 +13,17 @@ from typing import Any, NoReturn
 import click
 
 from ct200_tools import __version__
-from ct200_tools.checks import (
+from ct200_tools.cli.options import internal_error, spec_option
+from ct200_tools.doctor.checks import (
     CHECKS,
     SelectionError,
     for_scope,
     run_checks,
     select,
 )
-from ct200_tools.checks.base import plural
-from ct200_tools.cli.options import internal_error, spec_option
-from ct200_tools.facts import Facts, FactsFormatError
-from ct200_tools.fsutil import write_atomic
-from ct200_tools.report import (
+from ct200_tools.doctor.checks.base import plural
+from ct200_tools.doctor.facts import Facts, FactsFormatError
+from ct200_tools.doctor.report import (
     Exit,
     Header,
     exit_code,
@@ -33,10 +32,11 @@ from ct200_tools.report import (
     render_prometheus,
     render_text,
 )
-from ct200_tools.scope import Scope, UnknownServerError
+from ct200_tools.doctor.scope import Scope, UnknownServerError
+from ct200_tools.doctor.warmup import DEFAULT_MODE as DEFAULT_CUDA_MODE
+from ct200_tools.doctor.warmup import MODES as CUDA_MODES
+from ct200_tools.fsutil import write_atomic
 from ct200_tools.spec import SiteSpec, SpecError, find_spec, load_spec
-from ct200_tools.warmup import DEFAULT_MODE as DEFAULT_CUDA_MODE
-from ct200_tools.warmup import MODES as CUDA_MODES
 
 EPILOG = """\b
 Examples:
@@ -74,8 +74,8 @@ MAX_TIMEOUT_S = 86400.0
 
 
 def cuda_init_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """--cuda-init per-gpu|all: how the CUDA probe initialises (see ct200_tools/warmup.py, which
-    reads the same option before the doctor is imported, to start the children first)."""
+    """--cuda-init per-gpu|all: how the CUDA probe initialises (see ct200_tools/doctor/warmup.py,
+    which reads the same option before the doctor is imported, to start the children first)."""
     return click.option(
         "--cuda-init",
         "cuda_init",
@@ -145,8 +145,8 @@ def _check_host_args(host: str, spec: SiteSpec | None, source: str | None) -> Si
             "/etc/pve/lxc/<vmid>.conf the host checks read"
         )
     if host == "local":
-        from ct200_tools.probes.base import Reader  # noqa: PLC0415
-        from ct200_tools.probes.kernel import detect_container  # noqa: PLC0415
+        from ct200_tools.doctor.probes.base import Reader  # noqa: PLC0415
+        from ct200_tools.doctor.probes.kernel import detect_container  # noqa: PLC0415
 
         # An LXC container is the PVE host's guest, never the host: its /etc/pve is not there.
         if detect_container(Reader()) == "lxc":
@@ -158,8 +158,8 @@ def _check_host_args(host: str, spec: SiteSpec | None, source: str | None) -> Si
 
 
 def _start_host(host: str, spec: SiteSpec, ssh_config: str | None, timeout: float) -> Any:
-    from ct200_tools.probes import host as host_probe  # noqa: PLC0415
-    from ct200_tools.probes.base import SshError  # noqa: PLC0415
+    from ct200_tools.doctor.probes import host as host_probe  # noqa: PLC0415
+    from ct200_tools.doctor.probes.base import SshError  # noqa: PLC0415
 
     try:
         return host_probe.start(host, spec, ssh_config, min(timeout, QUICK_TIMEOUT_S))
@@ -413,7 +413,7 @@ def gate(name: str, spec_path: str | None, timeout: float | None) -> None:
     model and draft staged, its engine installed and reading the model's format, its port free
     (or held by its own unit). A server without GPUs gets the checks that apply to it. Prints the
     verdict with the root cause and its fix first and last (the journal's tail)."""
-    from ct200_tools.gate import run_gate  # noqa: PLC0415
+    from ct200_tools.doctor.gate import run_gate  # noqa: PLC0415
 
     spec, source = _load_spec(spec_path)
     if spec is None:
@@ -449,7 +449,7 @@ def snapshot(
 ) -> None:
     """Print this machine's facts as JSON (with --host, the PVE host's too), to judge elsewhere
     with `check --facts`."""
-    from ct200_tools.facts import dumps  # noqa: PLC0415
+    from ct200_tools.doctor.facts import dumps  # noqa: PLC0415
 
     spec, source = _load_spec(spec_path)
     if host is not None:
@@ -484,7 +484,7 @@ def fleet(path: Path) -> None:
     """Show the fleet table again from the FILE playbooks/doctor.yml saved
     (-e ct200_doctor_fleet_file=FILE); exit as that run: 0 ok, 2 a host failed, was
     unreachable or lacks the doctor, 3 a host's doctor broke."""
-    from ct200_tools.fleet import (  # noqa: PLC0415
+    from ct200_tools.doctor.fleet import (  # noqa: PLC0415
         FILE_FIX,
         MAX_FILE_BYTES,
         FleetFormatError,
@@ -540,7 +540,7 @@ def _probe(
 ) -> Facts:
     """This machine's facts; with host, the host's read beside them (its connection first:
     an unknown host key stops the run before anything is probed)."""
-    from ct200_tools.probes import collect  # noqa: PLC0415
+    from ct200_tools.doctor.probes import collect  # noqa: PLC0415
 
     if timeout is None:
         timeout = DEEP_TIMEOUT_S if deep else QUICK_TIMEOUT_S
@@ -555,8 +555,8 @@ def _probe(
     )
     if reading is None:
         return facts
-    from ct200_tools.probes import host as host_probe  # noqa: PLC0415
-    from ct200_tools.probes.base import SshError  # noqa: PLC0415
+    from ct200_tools.doctor.probes import host as host_probe  # noqa: PLC0415
+    from ct200_tools.doctor.probes.base import SshError  # noqa: PLC0415
 
     try:
         return host_probe.finish(reading, facts, timeout)
@@ -565,7 +565,7 @@ def _probe(
 
 
 def _read_facts(path: Path) -> Facts:
-    from ct200_tools.facts import read_file  # noqa: PLC0415
+    from ct200_tools.doctor.facts import read_file  # noqa: PLC0415
     from ct200_tools.untrusted import UntrustedInputError, show  # noqa: PLC0415
 
     try:
@@ -578,7 +578,7 @@ def _read_facts(path: Path) -> Facts:
 
 
 def _exit(code: int) -> NoReturn:
-    from ct200_tools.probes import stuck_probes  # noqa: PLC0415
+    from ct200_tools.doctor.probes import stuck_probes  # noqa: PLC0415
 
     if stuck_probes():
         # A probe thread is stuck in a driver call; interpreter shutdown could wait on it.

@@ -9,7 +9,7 @@ from typing import NoReturn
 
 
 def main() -> NoReturn:
-    from ct200_tools import warmup  # noqa: PLC0415 - stdlib only, imported before the rest
+    from ct200_tools.doctor import warmup  # noqa: PLC0415 - stdlib only, imported before the rest
 
     warmup.start(sys.argv[1:])
     from ct200_tools.cli.doctor import main as doctor_main  # noqa: PLC0415

@@ -14,8 +14,8 @@ import click
 
 from ct200_tools import __version__
 from ct200_tools.cli.options import internal_error, spec_option
+from ct200_tools.serve.serving import ServingError
 from ct200_tools.serve.systemd import SystemdError
-from ct200_tools.serving import ServingError
 from ct200_tools.spec import ServerSpec, SiteSpec, SpecError
 
 EPILOG = """\b
@@ -62,7 +62,7 @@ def _load(spec_path: str | None) -> SiteSpec:
 
 
 def _server(site: SiteSpec, name: str) -> ServerSpec:
-    from ct200_tools.serving import resolve  # noqa: PLC0415
+    from ct200_tools.serve.serving import resolve  # noqa: PLC0415
 
     return resolve(site, [name])[0]
 
@@ -99,7 +99,7 @@ def _smoke_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _smoke_lines(got: Sequence[Any]) -> list[str]:
-    from ct200_tools import engines  # noqa: PLC0415
+    from ct200_tools.serve import engines  # noqa: PLC0415
 
     lines = []
     for g in got:
@@ -185,7 +185,7 @@ def switch_lines(report: Any) -> list[str]:
 @_json_option
 def status(spec_path: str | None, as_json: bool) -> None:
     """The serving set, where it comes from, and each server's unit."""
-    from ct200_tools import engines, serving  # noqa: PLC0415
+    from ct200_tools.serve import engines, serving  # noqa: PLC0415
     from ct200_tools.serve.systemd import Systemd  # noqa: PLC0415
     from ct200_tools.untrusted import show  # noqa: PLC0415
 
@@ -265,8 +265,8 @@ def chain(
     reason, then exit 2), with this boot's id."""
     import time  # noqa: PLC0415
 
-    from ct200_tools import serving  # noqa: PLC0415
     from ct200_tools.serve import chain as ch  # noqa: PLC0415
+    from ct200_tools.serve import serving  # noqa: PLC0415
     from ct200_tools.serve.smoke import smoke as run_smoke  # noqa: PLC0415
     from ct200_tools.serve.systemd import Systemd  # noqa: PLC0415
     from ct200_tools.spec import find_spec  # noqa: PLC0415
@@ -368,8 +368,7 @@ def _write_textfile(path: str, got: Any) -> None:
 )
 def wait_ready(name: str, spec_path: str | None, timeout: float | None) -> None:
     """Poll server NAME's readiness path until it answers 200 (the unit's ExecStartPost)."""
-    from ct200_tools import engines  # noqa: PLC0415
-    from ct200_tools.serve import notify  # noqa: PLC0415
+    from ct200_tools.serve import engines, notify  # noqa: PLC0415
     from ct200_tools.serve.ready import process_alive  # noqa: PLC0415
     from ct200_tools.serve.ready import wait_ready as poll  # noqa: PLC0415
 
@@ -420,7 +419,7 @@ def smoke(
     """Each server NAME... (default: the serving set) answers its readiness path and a real
     1-token completion through its OpenAI API. Exit 0 all did, 1 one did not, 5 nothing to
     serve (the serving set is empty)."""
-    from ct200_tools import serving  # noqa: PLC0415
+    from ct200_tools.serve import serving  # noqa: PLC0415
     from ct200_tools.serve.smoke import smoke as run_smoke  # noqa: PLC0415
 
     site = _load(spec_path)

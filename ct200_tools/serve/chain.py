@@ -22,8 +22,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from ct200_tools import engines as engine
-from ct200_tools.bootsteps import (
+from ct200_tools.provisioned import PROVISIONED, playbook_command
+from ct200_tools.serve import engines as engine
+from ct200_tools.serve.bootsteps import (
     BOOT_ID_PATH,
     MANAGER_PROPERTIES,
     OK,
@@ -41,9 +42,8 @@ from ct200_tools.bootsteps import (
     textfile,
     with_manager,
 )
-from ct200_tools.provisioned import PROVISIONED, playbook_command
+from ct200_tools.serve.serving import ServingSet
 from ct200_tools.serve.systemd import Systemd
-from ct200_tools.serving import ServingSet
 from ct200_tools.spec import SiteSpec
 from ct200_tools.untrusted import show
 

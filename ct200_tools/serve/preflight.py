@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ct200_tools import engines
-from ct200_tools.probes.engine import ENGINE_CHILD
+from ct200_tools.doctor.probes.engine import ENGINE_CHILD
 from ct200_tools.provisioned import playbook_command
+from ct200_tools.serve import engines
 from ct200_tools.serve.systemd import Systemd, SystemdError
 from ct200_tools.spec import ModelSpec, ServerSpec, SiteSpec
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ct200_tools import engines
-from ct200_tools.facts import HttpFacts
-from ct200_tools.probes.base import Reader
-from ct200_tools.probes.servers import generate
+from ct200_tools.doctor.facts import HttpFacts
+from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.doctor.probes.servers import generate
+from ct200_tools.serve import engines
 from ct200_tools.serve.ready import Readiness, wait_ready
 from ct200_tools.spec import ServerSpec
 from ct200_tools.untrusted import show

@@ -31,10 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Final
 
-from ct200_tools import engines, serving
 from ct200_tools.provisioned import playbook_command
+from ct200_tools.serve import engines, serving
+from ct200_tools.serve.serving import ServingError, ServingSet, ServingState
 from ct200_tools.serve.systemd import Systemd, UnitState
-from ct200_tools.serving import ServingError, ServingSet, ServingState
 from ct200_tools.spec import ModelSpec, ServerSpec, SiteSpec
 
 LOCK_PATH: Final = "/run/ct200/serve.lock"

@@ -130,7 +130,7 @@ class ServerSpec:
     #: engine "command" only: the argv to run.
     command: tuple[str, ...] = ()
     #: Seconds from `systemctl start` to serving before systemd gives up (TimeoutStartSec);
-    #: None: from the model's size (ct200_tools.engines.start_timeout).
+    #: None: from the model's size (ct200_tools.serve.engines.start_timeout).
     start_timeout: int | None = None
     #: The HTTP path that answers 200 once the server serves; None: the engine's own
     #: (SGLang /health_generate, vLLM /v1/models, command /health).
@@ -167,7 +167,7 @@ class SiteSpec:
 
         The one definition of "needed": staging stages these (Ansible reads them from the
         validate play), validation checks that they fit in shm.size, the doctor checks them, and
-        a switch of the serving set (ct200_tools.serving) passes the servers it serves.
+        a switch of the serving set (ct200_tools.serve.serving) passes the servers it serves.
         A disabled server's model (595 GB for Kimi) must not take RAM at every boot.
         """
         chosen = self.enabled_servers if servers is None else tuple(servers)

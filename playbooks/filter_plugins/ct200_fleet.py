@@ -1,6 +1,6 @@
-"""Filters of playbooks/doctor.yml, by ct200_tools.fleet (the same code as `ct200-doctor fleet`):
-ct200_doctor_only, the --only list checked before any doctor runs; ct200_fleet, every host's
-ct200_doctor_run result -> the fleet table, exit code and document.
+"""Filters of playbooks/doctor.yml, by ct200_tools.doctor.fleet (the same code as
+`ct200-doctor fleet`): ct200_doctor_only, the --only list checked before any doctor runs;
+ct200_fleet, every host's ct200_doctor_run result -> the fleet table, exit code and document.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from ct200_tools.checks import SelectionError
-from ct200_tools.fleet import FAILING, exit_code, gather, only_ids, render_table, to_document
+from ct200_tools.doctor.checks import SelectionError
+from ct200_tools.doctor.fleet import FAILING, exit_code, gather, only_ids, render_table, to_document
 from ct200_tools.untrusted import show
 
 

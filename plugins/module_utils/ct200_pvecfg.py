@@ -1,1 +1,1 @@
-../../ct200_tools/pvecfg.py
+../../ct200_tools/host/pvecfg.py

@@ -2,8 +2,8 @@
 """Ansible module ct200_doctor_run: run `ct200-doctor check --json` and hand back what it said.
 
 It only runs and reports: whether the doctor is installed, its exit code and output. Judging the
-output (a result, a failure, a broken doctor) is ct200_tools/fleet.py's, on the controller, so
-that one fleet table is rendered from every host's answer.
+output (a result, a failure, a broken doctor) is ct200_tools/doctor/fleet.py's, on the
+controller, so that one fleet table is rendered from every host's answer.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ description:
   - >-
     Never fails because of what the doctor found, nor because it is missing or timed out; the
     result says so (I(installed), I(rc), I(timed_out)), and playbooks/doctor.yml judges every
-    host's result together on the controller (ct200_tools/fleet.py).
+    host's result together on the controller (ct200_tools/doctor/fleet.py).
   - Read-only (the doctor only reads), so it runs in check mode too.
 version_added: "0.1.0"
 author: ct200-tools

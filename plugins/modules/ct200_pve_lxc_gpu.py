@@ -1,7 +1,7 @@
 #!/usr/bin/python
 """Ansible module ct200_pve_lxc_gpu: NVIDIA device passthrough in a PVE container's config.
 
-A thin wrapper: parsing, editing and the PVE-style locked write are ct200_tools/pvecfg.py,
+A thin wrapper: parsing, editing and the PVE-style locked write are ct200_tools/host/pvecfg.py,
 shipped to the host as module_utils/ct200_pvecfg.py (ct200-tools is not installed there).
 """
 

@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ct200_tools.probes.devices import parse_proc_devices
+from ct200_tools.doctor.probes.devices import parse_proc_devices
 from tests.gpu import faults, nvsmi
 
 MODES = {"all": "", "per-gpu": "pergpu-"}

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from ct200_tools.probes.base import Reader
-from ct200_tools.probes.pci import probe_pci
+from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.doctor.probes.pci import probe_pci
 from tests.gpu.conftest import write_spec
 
 pytestmark = pytest.mark.gpu

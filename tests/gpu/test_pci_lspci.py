@@ -1,5 +1,6 @@
-"""On the GPU machine: our MRRS/MPS reader (ct200_tools/probes/pci.py) agrees with `lspci -vvv`
-for every NVIDIA GPU, and the host roles' boot scripts read the same values in --check mode.
+"""On the GPU machine: our MRRS/MPS reader (ct200_tools/doctor/probes/pci.py) agrees with
+`lspci -vvv` for every NVIDIA GPU, and the host roles' boot scripts read the same values in
+--check mode.
 
 Read only: nothing here writes PCI config space (the scripts run with --check only, and every
 GPU's config space is compared before and after).
@@ -23,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from ct200_tools.probes.base import Reader
-from ct200_tools.probes.pci import probe_function
+from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.doctor.probes.pci import probe_function
 
 pytestmark = pytest.mark.gpu
 

@@ -8,7 +8,7 @@ bind-mounted over /etc/ct200, /var/lib/ct200 and /var/cache/ct200, so the unit's
 (/etc/ct200/site.yml, the EnvironmentFile, the manifests) are used as rendered, and the machine's
 real directories are never written (they are created empty when absent, and removed again).
 
-The sequence is the unit's, from the text `ct200_tools.render` produces (the same bytes the
+The sequence is the unit's, from the text `ct200_tools.serve.render` produces (the same bytes the
 inference_servers role installs):
 
 1. every ExecStartPre= argv, in order (`ct200-serve preflight`, `ct200-doctor gate`: a real
@@ -42,8 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ct200_tools import engines
-from ct200_tools.render import render
+from ct200_tools.serve import engines
+from ct200_tools.serve.render import render
 from ct200_tools.spec import load_spec
 from testbed.units import unquote
 from tests.gpu import nvsmi

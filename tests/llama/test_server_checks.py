@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ct200_tools.checks import for_scope, needed_facts, run_checks, select
-from ct200_tools.checks.base import Finding
-from ct200_tools.gate import run_gate
-from ct200_tools.probes import collect
-from ct200_tools.report import Exit, gate_verdict, root_causes
-from ct200_tools.scope import Scope
+from ct200_tools.doctor.checks import for_scope, needed_facts, run_checks, select
+from ct200_tools.doctor.checks.base import Finding
+from ct200_tools.doctor.gate import run_gate
+from ct200_tools.doctor.probes import collect
+from ct200_tools.doctor.report import Exit, gate_verdict, root_causes
+from ct200_tools.doctor.scope import Scope
 from ct200_tools.spec import SiteSpec, load_spec
 from testbed import llama_build
 from testbed.llama_server import free_port, http_get

@@ -40,7 +40,7 @@ def test_wheel_holds_ct200_tools_only(wheel: wheelhouse.BuiltWheel) -> None:
     assert outside == []
     assert [n for n in found if "testbed" in n] == []
     # The checks' examples name test fixtures: they document in the checkout and docs/checks.md.
-    assert [n for n in found if n.startswith("ct200_tools/checks/examples/")] == []
+    assert [n for n in found if n.startswith("ct200_tools/doctor/checks/examples/")] == []
 
 
 def test_wheel_has_every_subpackage_of_the_source(wheel: wheelhouse.BuiltWheel) -> None:

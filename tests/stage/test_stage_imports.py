@@ -10,7 +10,7 @@ import ct200_tools.stage as stage_pkg
 
 STAGE_DIR = Path(stage_pkg.__file__).parent
 #: The doctor's packages, under today's names and the ones the integrator may give them.
-DOCTOR = ("ct200_tools.checks", "ct200_tools.probes", "ct200_tools.doctor")
+DOCTOR = ("ct200_tools.doctor.checks", "ct200_tools.doctor.probes", "ct200_tools.doctor")
 
 
 def imported(path: Path) -> list[str]:

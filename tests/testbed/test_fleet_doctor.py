@@ -27,7 +27,7 @@ import pytest
 import yaml
 from tbharness import REPO, VENV_BIN, AnsibleRun, Bed
 
-from ct200_tools.fleet import from_document, render_table
+from ct200_tools.doctor.fleet import from_document, render_table
 from testbed.config import MachineSpec, Settings
 from testbed.harness import Harness, claim_test_slot
 from testbed.machine import hostname

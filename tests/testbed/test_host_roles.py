@@ -356,7 +356,7 @@ def test_converge(host: Host) -> None:
         f"+ /etc/systemd/system/{REPORT_UNIT}",
         f"+ /etc/systemd/system/multi-user.target.wants/{REPORT_UNIT}",
         f"+ {HOST_CHAIN}",
-        "+ /usr/local/lib/ct200-host/ct200_tools/hostchain.py",
+        "+ /usr/local/lib/ct200-host/ct200_tools/host/chain.py",
         "~ /etc/pve/lxc/200.conf",
     ):
         assert path in added, "\n".join(added)

@@ -33,7 +33,7 @@ from test_host_roles import restore as restore_pve
 from test_servers import CLEANUP, DOCTOR, SERVE, complete, setup, show, unit, wait_failed
 
 from benchmarks.recovery.bench import split
-from ct200_tools import engines as engine
+from ct200_tools.serve import engines as engine
 from testbed.harness import RebootReport
 from testbed.machine import hostname
 

@@ -14,12 +14,12 @@ from collections.abc import Iterator, Mapping
 import pytest
 from tbharness import Bed
 
-from ct200_tools import engines
-from ct200_tools.checks.base import Context
-from ct200_tools.checks.server import JUDGES
-from ct200_tools.facts import Facts, ServerFacts
-from ct200_tools.probes.base import Ran, Reader, RunTimeout
-from ct200_tools.probes.systemd import probe_units
+from ct200_tools.doctor.checks.base import Context
+from ct200_tools.doctor.checks.server import JUDGES
+from ct200_tools.doctor.facts import Facts, ServerFacts
+from ct200_tools.doctor.probes.base import Ran, Reader, RunTimeout
+from ct200_tools.doctor.probes.systemd import probe_units
+from ct200_tools.serve import engines
 from ct200_tools.spec import GpuSpec, ModelSpec, ServerSpec, SiteSpec
 from testbed import ssh as tbssh
 

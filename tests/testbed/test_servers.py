@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 from tbharness import AnsibleRun, Bed
 
-from ct200_tools import engines as engine
-from ct200_tools.render import render
+from ct200_tools.serve import engines as engine
+from ct200_tools.serve.render import render
 from ct200_tools.spec import validate
 from testbed import llama_build, units
 from testbed.machine import hostname
@@ -400,7 +400,8 @@ def test_every_server_has_a_unit_and_only_the_serving_set_runs(servers: Servers)
 
 
 def test_installed_files_are_what_python_renders(servers: Servers) -> None:
-    """What the doctor will compare: the role's files equal ct200_tools.render's, byte for byte."""
+    """What the doctor will compare: the role's files equal ct200_tools.serve.render's, byte for
+    byte."""
     site = validate(llama_site())
     for s in site.servers:
         files = render(site, s.name, VENV_BIN).files(s.name)

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ct200_tools.facts import DevNode, Facts, HostFacts
-from ct200_tools.probes.host import probe_host
+from ct200_tools.doctor.facts import DevNode, Facts, HostFacts
+from ct200_tools.doctor.probes.host import probe_host
 from ct200_tools.spec import SiteSpec, load_spec
 from tests.unit.probe_helpers import (
     FIXTURES,
@@ -207,7 +207,7 @@ def conf_edit(name: str, old: str, new: str) -> str:
 def _devn_conf() -> str:
     """DERIVED: the fresh PVE 8 config as the ct200_pve_lxc_gpu module leaves it in devn mode
     (its own plan, for the CT200's eleven nodes)."""
-    from ct200_tools import pvecfg  # noqa: PLC0415
+    from ct200_tools.host import pvecfg  # noqa: PLC0415
 
     nodes = (*(f"/dev/nvidia{i}" for i in range(8)), "/dev/nvidiactl")
     want = pvecfg.Want((*nodes, "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"), "devn")

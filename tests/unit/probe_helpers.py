@@ -12,9 +12,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ct200_tools.facts import DevNode, Facts, loads
-from ct200_tools.probes.base import NodeStat, Reader
-from ct200_tools.probes.memory import (
+from ct200_tools.doctor.facts import DevNode, Facts, loads
+from ct200_tools.doctor.probes.base import NodeStat, Reader
+from ct200_tools.doctor.probes.memory import (
     SHM,
 )
 

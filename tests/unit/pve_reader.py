@@ -1,5 +1,5 @@
 """A stand-in for how pve-container reads a container config at the next start, written for the
-tests from its Perl source (not from ct200_tools/pvecfg.py, whose result it judges), because
+tests from its Perl source (not from ct200_tools/host/pvecfg.py, whose result it judges), because
 pve-container itself (Perl, pmxcfs) cannot run here:
 
 * PVE/LXC/Config.pm ``parse_pct_config``: lines split at "\\n"; blank lines skipped; a

@@ -14,8 +14,7 @@ import functools
 from collections.abc import Callable
 from pathlib import Path
 
-from ct200_tools import engines
-from ct200_tools.facts import (
+from ct200_tools.doctor.facts import (
     EngineFacts,
     Facts,
     HttpFacts,
@@ -25,7 +24,8 @@ from ct200_tools.facts import (
     UnitFacts,
     loads,
 )
-from ct200_tools.probes.systemd import parse_show
+from ct200_tools.doctor.probes.systemd import parse_show
+from ct200_tools.serve import engines
 
 FIX = Path(__file__).parents[1] / "fixtures"
 LLAMA_SPEC = FIX / "llama-cpu-site.yml"
@@ -215,7 +215,7 @@ def chain(*edits: Edit) -> Edit:
 
 def cuda_hung(f: Facts) -> Facts:
     """derived: cuInit hangs (a root of its own: no node explains a hang)."""
-    from ct200_tools.facts import CudaFacts  # noqa: PLC0415
+    from ct200_tools.doctor.facts import CudaFacts  # noqa: PLC0415
 
     return dataclasses.replace(
         f, cuda=CudaFacts(timed_out=True, duration_s=10.0, error="cuInit did not return")

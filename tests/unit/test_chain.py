@@ -9,8 +9,8 @@ import re
 import pytest
 
 from ct200_tools.serve import chain as ch
+from ct200_tools.serve.serving import ServingState, serving_set
 from ct200_tools.serve.systemd import Systemd
-from ct200_tools.serving import ServingState, serving_set
 from ct200_tools.spec import validate
 from tests.server_sites import llama_site
 

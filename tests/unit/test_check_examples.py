@@ -1,11 +1,12 @@
-"""Every check's pass and fail examples, from beside the check (ct200_tools/checks/examples/).
+"""Every check's pass and fail examples, from beside the check
+(ct200_tools/doctor/checks/examples/).
 
 One file per check, `<check-id>.yml`, each example a recorded or derived facts file of
 tests/fixtures/facts, a few edits on it (`set`/`delete`, JSON Pointer paths), the site spec,
 and the verdict (status, summary, fix) that the check must give. This test finds them all, runs
 each one through the check unit, and keeps the set whole (as ansible-lint's test does for its
 rules): one file per registered check, each naming its check, names unique and well formed,
-a pass and a failure for every check. The format: ct200_tools/checks/examples/README.md.
+a pass and a failure for every check. The format: ct200_tools/doctor/checks/examples/README.md.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from typing import Any
 import pytest
 import yaml
 
-from ct200_tools.checks import BY_ID, CHECK_IDS
-from ct200_tools.checks.base import STATUSES, Context, run_check
-from ct200_tools.facts import Facts, loads
+from ct200_tools.doctor.checks import BY_ID, CHECK_IDS
+from ct200_tools.doctor.checks.base import STATUSES, Context, run_check
+from ct200_tools.doctor.facts import Facts, loads
 from ct200_tools.spec import SiteSpec, load_spec
 
 ROOT = Path(__file__).parents[2]
@@ -130,7 +131,9 @@ def only_sections(f: Facts, keep: tuple[str, ...]) -> Facts:
 
 def test_one_example_file_per_registered_check() -> None:
     stems = [p.stem for p in example_files()]
-    assert sorted(stems) == sorted(CHECK_IDS), "each check needs ct200_tools/checks/examples/ID.yml"
+    assert sorted(stems) == sorted(CHECK_IDS), (
+        "each check needs ct200_tools/doctor/checks/examples/ID.yml"
+    )
     for path in example_files():
         doc = load_file(path)
         assert set(doc) == FILE_KEYS, (path.name, set(doc) ^ FILE_KEYS)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ct200_tools import checks as checks_pkg
-from ct200_tools.checks import (
+from ct200_tools.doctor import checks as checks_pkg
+from ct200_tools.doctor.checks import (
     BY_ID,
     CHECK_IDS,
     CHECKS,
@@ -22,10 +22,10 @@ from ct200_tools.checks import (
     run_checks,
     select,
 )
-from ct200_tools.checks.base import Check, Context, Finding, Outcome, run_check
-from ct200_tools.docs import render
-from ct200_tools.facts import Facts, loads
-from ct200_tools.report import Exit, exit_code, root_causes
+from ct200_tools.doctor.checks.base import Check, Context, Finding, Outcome, run_check
+from ct200_tools.doctor.docs import render
+from ct200_tools.doctor.facts import Facts, loads
+from ct200_tools.doctor.report import Exit, exit_code, root_causes
 from ct200_tools.spec import SiteSpec, load_spec
 from tests.fixtures import derive_ct200
 from tests.unit import server_facts as sf
@@ -239,7 +239,7 @@ def test_ids_unique_well_formed_and_documented() -> None:
         assert c.title and c.severity in ("error", "warning"), c.id
         assert f"`{c.id}`" in docs, f"docs/checks.md lacks {c.id}: run make docs"
         prefix = c.id.split(".")[0]
-        assert c.module == f"ct200_tools.checks.{prefix}", (c.id, c.module)
+        assert c.module == f"ct200_tools.doctor.checks.{prefix}", (c.id, c.module)
         assert c.needs and set(c.needs) <= FACT_SECTIONS, (c.id, c.needs)
     # The exact set of checks is kept by their example files (test_check_examples.py): a check
     # added without its <id>.yml, or dropped from the registry with it left behind, fails there.
@@ -247,13 +247,15 @@ def test_ids_unique_well_formed_and_documented() -> None:
     units = {
         obj.id
         for module in pkgutil.iter_modules(checks_pkg.__path__)
-        for obj in vars(importlib.import_module(f"ct200_tools.checks.{module.name}")).values()
+        for obj in vars(
+            importlib.import_module(f"ct200_tools.doctor.checks.{module.name}")
+        ).values()
         if isinstance(obj, Check)
     }
     assert units == set(CHECK_IDS), "a check unit is defined but not in the registry"
 
 
-# Each check's pass and fail examples are in ct200_tools/checks/examples/ (run by
+# Each check's pass and fail examples are in ct200_tools/doctor/checks/examples/ (run by
 # tests/unit/test_check_examples.py); this file keeps what is not one check's verdict: root
 # causes across checks, exit codes, the registry, and every check on every fixture.
 FACT_SECTIONS = {

@@ -205,8 +205,8 @@ def test_unknown_check_and_list_checks() -> None:
 
 def test_unreadable_sysfs_and_missing_shm_skip_not_crash(tmp_path: Path) -> None:
     """An empty root: no /sys, no /proc, no /dev/shm. Every probe notes why and goes on."""
-    from ct200_tools.checks import run_checks  # noqa: PLC0415
-    from ct200_tools.probes import collect  # noqa: PLC0415
+    from ct200_tools.doctor.checks import run_checks  # noqa: PLC0415
+    from ct200_tools.doctor.probes import collect  # noqa: PLC0415
     from ct200_tools.spec import load_spec  # noqa: PLC0415
 
     facts = collect(spec=load_spec(CT200), root=tmp_path, cuda=False, timeout_s=5)
@@ -258,8 +258,8 @@ def test_a_broken_check_is_shown_as_error_and_exits_3(
     check bug (no real check raises on valid facts)."""
     import dataclasses  # noqa: PLC0415
 
-    from ct200_tools import checks  # noqa: PLC0415
     from ct200_tools.cli import doctor as cli_doctor  # noqa: PLC0415
+    from ct200_tools.doctor import checks  # noqa: PLC0415
 
     def boom(ctx: object) -> None:
         raise ZeroDivisionError("simulated check bug")

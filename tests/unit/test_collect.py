@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-import ct200_tools.probes as probes_pkg
-from ct200_tools import warmup
-from ct200_tools.facts import LATER_SECTIONS
-from ct200_tools.probes import NO_SPEC_MODELS, NO_SPEC_SERVERS, PROBE_NAMES, Probe, collect
-from ct200_tools.probes.base import Reader
-from ct200_tools.probes.kernel import probe_kernel
-from ct200_tools.probes.nvml import probe_nvml
+import ct200_tools.doctor.probes as probes_pkg
+from ct200_tools.doctor import warmup
+from ct200_tools.doctor.facts import LATER_SECTIONS
+from ct200_tools.doctor.probes import NO_SPEC_MODELS, NO_SPEC_SERVERS, PROBE_NAMES, Probe, collect
+from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.doctor.probes.kernel import probe_kernel
+from ct200_tools.doctor.probes.nvml import probe_nvml
 from tests.unit import nvml_standin
 from tests.unit.probe_helpers import (
     H200_FIXTURES,

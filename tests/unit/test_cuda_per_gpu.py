@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-import ct200_tools.probes as probes_pkg
-from ct200_tools import warmup
-from ct200_tools.checks import run_checks
-from ct200_tools.facts import CudaGpuInit, Facts, loads
-from ct200_tools.probes import collect
-from ct200_tools.probes.base import Reader
-from ct200_tools.probes.cuda import normal_bus, summarise
+import ct200_tools.doctor.probes as probes_pkg
+from ct200_tools.doctor import warmup
+from ct200_tools.doctor.checks import run_checks
+from ct200_tools.doctor.facts import CudaGpuInit, Facts, loads
+from ct200_tools.doctor.probes import collect
+from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.doctor.probes.cuda import normal_bus, summarise
 from ct200_tools.spec import SiteSpec, load_spec
 from tests.fixtures import derive_per_gpu
 
@@ -433,4 +433,4 @@ def test_the_prestart_starts_cuda_before_the_doctor_is_imported() -> None:
             cwd=ROOT,
             timeout=60,
         )
-        assert json.loads(r.stdout) == [asked, 1, ["ct200_tools", "ct200_tools.warmup"]]
+        assert json.loads(r.stdout) == [asked, 1, ["ct200_tools", "ct200_tools.doctor.warmup"]]

@@ -3,8 +3,8 @@ the kinds a module implements."""
 
 from __future__ import annotations
 
-from ct200_tools import engines
-from ct200_tools.engines import command, sglang, vllm
+from ct200_tools.serve import engines
+from ct200_tools.serve.engines import command, sglang, vllm
 from ct200_tools.spec import SiteSpec, validate
 from ct200_tools.spec.servers import ENGINES as SPEC_ENGINES
 from tests.unit.spec_helpers import example

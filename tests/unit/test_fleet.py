@@ -1,4 +1,4 @@
-"""The fleet doctor's judgement and table (ct200_tools/fleet.py), its filter and module as
+"""The fleet doctor's judgement and table (ct200_tools/doctor/fleet.py), its filter and module as
 playbooks/doctor.yml uses them, and `ct200-doctor fleet`. The reports judged are the real
 doctor's JSON on recorded facts; the module results are the shapes the module and Ansible give
 (an unreachable host's is Ansible's own, from a real run of doctor.yml at the end)."""
@@ -15,10 +15,9 @@ from typing import Any
 
 import pytest
 
-from ct200_tools.checks.base import Finding
-from ct200_tools.exitcodes import Exit
-from ct200_tools.facts import read_file
-from ct200_tools.fleet import (
+from ct200_tools.doctor.checks.base import Finding
+from ct200_tools.doctor.facts import read_file
+from ct200_tools.doctor.fleet import (
     FleetFormatError,
     Status,
     exit_code,
@@ -29,7 +28,8 @@ from ct200_tools.fleet import (
     roots_of,
     to_document,
 )
-from ct200_tools.report import Header, render_json
+from ct200_tools.doctor.report import Header, render_json
+from ct200_tools.exitcodes import Exit
 
 ROOT = Path(__file__).parents[2]
 FIX = ROOT / "tests" / "fixtures" / "facts"
@@ -336,8 +336,8 @@ def test_ansible_doc_finds_the_module_by_its_short_name() -> None:
 
 
 def test_ct200_doctor_only_is_checked_before_any_doctor_runs() -> None:
-    from ct200_tools.checks import SelectionError  # noqa: PLC0415
-    from ct200_tools.fleet import only_ids  # noqa: PLC0415
+    from ct200_tools.doctor.checks import SelectionError  # noqa: PLC0415
+    from ct200_tools.doctor.fleet import only_ids  # noqa: PLC0415
 
     assert only_ids("") == [] and only_ids(" mem , models.staged,") == ["mem", "models.staged"]
     assert only_ids(["dev", "gpu.cuda_init"]) == ["dev", "gpu.cuda_init"]

@@ -19,8 +19,15 @@ from typing import Any
 
 import pytest
 
-from ct200_tools.fleet import FleetFormatError, Status, from_document, gather, judge, render_table
-from ct200_tools.fleet import to_document as fleet_document
+from ct200_tools.doctor.fleet import (
+    FleetFormatError,
+    Status,
+    from_document,
+    gather,
+    judge,
+    render_table,
+)
+from ct200_tools.doctor.fleet import to_document as fleet_document
 from tests.unit.test_fleet import result
 
 pytestmark = pytest.mark.timeout(120)

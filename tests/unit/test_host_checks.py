@@ -1,9 +1,9 @@
 """check --host: the host probe on trees rebuilt from the recordings (tests/unit/host_helpers.py),
-the host.* and lxc.* fixes, the SSH door (ct200_tools/probes/ssh.py) against a real SSH server
-in this process, and the CLI's bad input.
+the host.* and lxc.* fixes, the SSH door (ct200_tools/doctor/probes/ssh.py) against a real SSH
+server in this process, and the CLI's bad input.
 
-The pass/fail examples of every check are in ct200_tools/checks/examples/ and its root causes in
-test_causes.py; this file checks what the fixes say, and that they agree with the
+The pass/fail examples of every check are in ct200_tools/doctor/checks/examples/ and its root
+causes in test_causes.py; this file checks what the fixes say, and that they agree with the
 ct200_pve_lxc_gpu module's own edit.
 """
 
@@ -22,18 +22,18 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from ct200_tools import pvecfg
-from ct200_tools.checks import run_checks
-from ct200_tools.checks.base import Finding
-from ct200_tools.facts import dumps, loads
-from ct200_tools.probes.base import SshError
-from ct200_tools.probes.pci import (
+from ct200_tools.doctor.checks import run_checks
+from ct200_tools.doctor.checks.base import Finding
+from ct200_tools.doctor.facts import dumps, loads
+from ct200_tools.doctor.probes.base import SshError
+from ct200_tools.doctor.probes.pci import (
     ConfigUnreadable,
     find_ext_capability,
     parse_acs_ctl,
     upstream_bridges,
 )
-from ct200_tools.probes.ssh import SshReader, connect, resolve
+from ct200_tools.doctor.probes.ssh import SshReader, connect, resolve
+from ct200_tools.host import pvecfg
 from tests.unit import host_helpers as hh
 from tests.unit.probe_helpers import FIXTURES, facts
 

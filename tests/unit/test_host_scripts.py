@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ct200_tools.probes.pci import PCI_CAP_ID_EXP, find_capability, parse_devctl
+from ct200_tools.doctor.probes.pci import PCI_CAP_ID_EXP, find_capability, parse_devctl
 
 ROOT = Path(__file__).resolve().parents[2]
 PCIE_TUNE = ROOT / "roles/host_tuning/files/ct200-pcie-tune"
@@ -37,7 +37,7 @@ GPU, GPU2, AUDIO, BRIDGE, NIC = (
 #: masked, on $CT200_SYSFS_PCI/<BDF>/config; every call is appended to $STANDIN_LOG/setpci.log.
 SETPCI = r"""#!{python}
 import os, sys
-from ct200_tools.probes.pci import PCI_CAP_ID_EXP, find_capability
+from ct200_tools.doctor.probes.pci import PCI_CAP_ID_EXP, find_capability
 root = os.environ["CT200_SYSFS_PCI"]
 with open(os.path.join(os.environ["STANDIN_LOG"], "setpci.log"), "a") as log:
     log.write(" ".join(sys.argv[1:]) + "\n")

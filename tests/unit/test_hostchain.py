@@ -1,4 +1,4 @@
-"""ct200_tools/hostchain.py: the PVE host's boot units read back from `systemctl show`, where
+"""ct200_tools/host/chain.py: the PVE host's boot units read back from `systemctl show`, where
 they stopped, and their textfile (bootsteps.py's rendering, kind="host"). The systemctl output has
 the shape systemd 252 (bookworm) prints; tests/testbed/test_host_chain.py reads the real thing
 after real reboots of the testbed's pve machine."""
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ct200_tools import hostchain as hc
-from ct200_tools.bootsteps import Chain
+from ct200_tools.host import chain as hc
+from ct200_tools.serve.bootsteps import Chain
 
 REPO = Path(__file__).resolve().parents[2]
 ZERO = 50_000_000
@@ -194,10 +194,11 @@ def test_the_modules_the_role_ships_run_with_the_standard_library_alone(tmp_path
     pkg = tmp_path / "ct200_tools"
     pkg.mkdir()
     for name in names:
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / "ct200_tools" / name, pkg / name)
     # -I -S: no environment, no site-packages (ct200-tools and its dependencies are there).
     code = (
-        "import json, sys; sys.path.insert(0, sys.argv[1]); import ct200_tools.hostchain as h; "
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import ct200_tools.host.chain as h; "
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('ct200_tools')))); "
         "sys.exit(h.main(['--step', 'bad']))"
     )
@@ -210,8 +211,10 @@ def test_the_modules_the_role_ships_run_with_the_standard_library_alone(tmp_path
     assert proc.returncode == hc.Exit.BAD_INPUT, proc.stderr
     assert "NAME=UNIT" in proc.stderr and "Traceback" not in proc.stderr
     loaded = json.loads(proc.stdout)
-    assert "ct200_tools.hostchain" in loaded
-    assert all(m == "ct200_tools" or f"{m.split('.')[-1]}.py" in names for m in loaded), loaded
+    assert "ct200_tools.host.chain" in loaded
+    for m in loaded:
+        path = "/".join(m.split(".")[1:])
+        assert m == "ct200_tools" or {f"{path}.py", f"{path}/__init__.py"} & set(names), m
 
 
 # -- hostile input (adversarial review) ----------------------------------------------------------
@@ -346,6 +349,7 @@ def test_ct200_host_chain_runs_the_installed_modules_whatever_the_working_direct
         "host_boot_report_modules"
     ]
     for name in names:
+        (lib / "ct200_tools" / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / "ct200_tools" / name, lib / "ct200_tools" / name)
     script = tmp_path / "ct200-host-chain"
     play = [
@@ -391,9 +395,10 @@ def test_ct200_host_chain_runs_the_installed_modules_whatever_the_working_direct
     )
     assert rendered.returncode == 0, rendered.stdout
     planted = tmp_path / "cwd" / "ct200_tools"
-    planted.mkdir(parents=True)
+    (planted / "host").mkdir(parents=True)
     (planted / "__init__.py").write_text("")
-    (planted / "hostchain.py").write_text("print('planted code ran')\n")
+    (planted / "host" / "__init__.py").write_text("")
+    (planted / "host" / "chain.py").write_text("print('planted code ran')\n")
     proc = subprocess.run(
         [str(script), "--step", "a=b"],
         capture_output=True,

@@ -70,8 +70,8 @@ def test_a_spec_that_is_no_file_is_refused_with_a_fix(tmp_path: Path, kind: str,
 
 def test_a_staged_models_config_that_is_a_fifo_is_an_error_not_a_hang(tmp_path: Path) -> None:
     """The quantization probe (doctor and preflight) reads config.json from the staged model."""
-    from ct200_tools.probes.base import Reader  # noqa: PLC0415
-    from ct200_tools.probes.engine import probe_quant  # noqa: PLC0415
+    from ct200_tools.doctor.probes.base import Reader  # noqa: PLC0415
+    from ct200_tools.doctor.probes.engine import probe_quant  # noqa: PLC0415
 
     staged = tmp_path / "dev" / "shm" / "models" / "m"
     staged.mkdir(parents=True)

@@ -1,6 +1,6 @@
 """One contract between the server units and the doctor, after the two halves of issue 11 were
 merged: where the unit side (ct200_tools/serve/engine.py) and the doctor side
-(ct200_tools/engines.py) disagreed, and where the doctor read the serving set with a reader of
+(ct200_tools/serve/engines.py) disagreed, and where the doctor read the serving set with a reader of
 its own. Each test shows the disagreement gone, against real files, real programs and the real
 systemd of this machine where one is needed.
 """
@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from ct200_tools import engines, serving
-from ct200_tools.checks import run_checks
-from ct200_tools.checks.base import Context, Finding
-from ct200_tools.facts import Facts, ServerFacts, loads
-from ct200_tools.probes.base import Reader
-from ct200_tools.probes.engine import probe_engine
-from ct200_tools.probes.serving import probe_serving
+from ct200_tools.doctor.checks import run_checks
+from ct200_tools.doctor.checks.base import Context, Finding
+from ct200_tools.doctor.facts import Facts, ServerFacts, loads
+from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.doctor.probes.engine import probe_engine
+from ct200_tools.doctor.probes.serving import probe_serving
+from ct200_tools.serve import engines, serving
 from ct200_tools.serve.preflight import Preflight, find_program
-from ct200_tools.serving import ServingState
+from ct200_tools.serve.serving import ServingState
 from ct200_tools.spec import ServerSpec, SiteSpec, load_spec
 from tests.unit import server_facts as sf
 
@@ -41,12 +41,6 @@ def ct200() -> SiteSpec:
 
 
 # -- one engines module ---------------------------------------------------------------------------
-
-
-def test_the_old_module_name_is_the_one_module() -> None:
-    from ct200_tools.serve import engine  # noqa: PLC0415 - the old name, kept importable
-
-    assert engine is engines
 
 
 def test_served_name_is_what_the_unit_serves(ct200: SiteSpec) -> None:
@@ -107,7 +101,7 @@ def test_probe_and_preflight_resolve_a_bare_program_alike() -> None:
 
 
 def _judge_engine(site: SiteSpec, server: ServerSpec, facts: object) -> object:
-    from ct200_tools.checks.server import JUDGES  # noqa: PLC0415
+    from ct200_tools.doctor.checks.server import JUDGES  # noqa: PLC0415
 
     f = ServerFacts(server.name, engine=facts)  # type: ignore[arg-type]
     return JUDGES["server.engine"](Context(Facts(servers=(f,)), site), server, f)

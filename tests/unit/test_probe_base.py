@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ct200_tools.probes.base import NodeStat, Reader
-from ct200_tools.probes.devices import inspect_node
+from ct200_tools.doctor.probes.base import NodeStat, Reader
+from ct200_tools.doctor.probes.devices import inspect_node
 from tests.unit.probe_helpers import (
     put,
 )

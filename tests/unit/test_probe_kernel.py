@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ct200_tools.probes.base import Reader
-from ct200_tools.probes.kernel import detect_container, parse_module_version, probe_kernel
+from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.doctor.probes.kernel import detect_container, parse_module_version, probe_kernel
 from tests.unit.probe_helpers import (
     facts,
     h200_root,

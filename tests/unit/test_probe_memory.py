@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ct200_tools.probes.base import Reader
-from ct200_tools.probes.memory import (
+from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.doctor.probes.memory import (
     SHM,
     V1_UNLIMITED,
     own_cgroup_v2,

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ct200_tools.facts import PciFacts
-from ct200_tools.probes.base import Reader
-from ct200_tools.probes.pci import (
+from ct200_tools.doctor.facts import PciFacts
+from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.doctor.probes.pci import (
     PCI_CAP_ID_EXP,
     ConfigUnreadable,
     DevCtl,

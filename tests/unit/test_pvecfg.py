@@ -1,4 +1,4 @@
-"""ct200_tools/pvecfg.py: the PVE container config parser and editor, against a corpus of
+"""ct200_tools/host/pvecfg.py: the PVE container config parser and editor, against a corpus of
 realistic configs (tests/fixtures/pve) and generated ones, and its PVE-style locked write."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ct200_tools import pvecfg
-from ct200_tools.checks.dev import driver_of as doctor_driver_of
-from ct200_tools.pvecfg import PveConfigError, Want
+from ct200_tools.doctor.checks.dev import driver_of as doctor_driver_of
+from ct200_tools.host import pvecfg
+from ct200_tools.host.pvecfg import PveConfigError, Want
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "tests/fixtures/pve"
@@ -629,12 +629,12 @@ def test_generated_configs(
 
 def test_module_utils_is_this_file() -> None:
     shipped = ROOT / "plugins/module_utils/ct200_pvecfg.py"
-    assert shipped.resolve() == (ROOT / "ct200_tools/pvecfg.py").resolve()
-    assert shipped.read_bytes() == (ROOT / "ct200_tools/pvecfg.py").read_bytes()
+    assert shipped.resolve() == (ROOT / "ct200_tools/host/pvecfg.py").resolve()
+    assert shipped.read_bytes() == (ROOT / "ct200_tools/host/pvecfg.py").read_bytes()
 
 
 def test_pvecfg_is_stdlib_only_and_python39() -> None:
-    source = (ROOT / "ct200_tools/pvecfg.py").read_text()
+    source = (ROOT / "ct200_tools/host/pvecfg.py").read_text()
     tree = ast.parse(source, feature_version=(3, 9))
     imported: set[str] = set()
     for node in ast.walk(tree):

@@ -1,4 +1,4 @@
-"""ct200_tools/pvecfg.py judged by what PVE will start the container with: every edit read back
+"""ct200_tools/host/pvecfg.py judged by what PVE will start the container with: every edit read back
 through tests/unit/pve_reader.py (pve-container's parse and pending-apply, written from its
 Perl source), so a pending change, a mode PVE refuses, a symlinked or CRLF config cannot make
 the module report nodes the container will not get (issue 20, class 5)."""
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ct200_tools import pvecfg
-from ct200_tools.pvecfg import PveConfigError, Want
+from ct200_tools.host import pvecfg
+from ct200_tools.host.pvecfg import PveConfigError, Want
 from tests.unit import pve_reader
 from tests.unit.test_pvecfg import (
     CORPUS,

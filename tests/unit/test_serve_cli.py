@@ -17,9 +17,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from ct200_tools import serving
 from ct200_tools.cli import serve
-from ct200_tools.serve import systemd
+from ct200_tools.serve import serving, systemd
 from tests.server_sites import llama_site
 from tests.unit.spec_helpers import changed
 from tests.unit.test_chain import MANAGER, block

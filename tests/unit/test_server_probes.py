@@ -20,24 +20,24 @@ from pathlib import Path
 
 import pytest
 
-from ct200_tools import engines
-from ct200_tools.checks import quant
-from ct200_tools.checks.base import Context
-from ct200_tools.checks.server import JUDGES
-from ct200_tools.facts import Facts, ServerFacts, ServingFacts, UnitFacts
-from ct200_tools.httpclient import HttpTimeout
-from ct200_tools.probes.base import Ran, Reader
-from ct200_tools.probes.engine import probe_engine, probe_quant
-from ct200_tools.probes.ports import clashes, parse_listeners, probe_port, unit_of
-from ct200_tools.probes.servers import (
+from ct200_tools.doctor.checks import quant
+from ct200_tools.doctor.checks.base import Context
+from ct200_tools.doctor.checks.server import JUDGES
+from ct200_tools.doctor.facts import Facts, ServerFacts, ServingFacts, UnitFacts
+from ct200_tools.doctor.probes.base import Ran, Reader
+from ct200_tools.doctor.probes.engine import probe_engine, probe_quant
+from ct200_tools.doctor.probes.ports import clashes, parse_listeners, probe_port, unit_of
+from ct200_tools.doctor.probes.servers import (
     _process_gpus,
     chosen,
     nvml_processes,
     visible_devices,
 )
-from ct200_tools.probes.serving import probe_serving
-from ct200_tools.probes.systemd import parse_show, probe_units
-from ct200_tools.serving import KIND, ServingState
+from ct200_tools.doctor.probes.serving import probe_serving
+from ct200_tools.doctor.probes.systemd import parse_show, probe_units
+from ct200_tools.httpclient import HttpTimeout
+from ct200_tools.serve import engines
+from ct200_tools.serve.serving import KIND, ServingState
 from ct200_tools.spec import ModelSpec, ServerSpec, SiteSpec, load_spec
 from tests.unit import server_facts as sf
 
@@ -112,7 +112,7 @@ def test_probe_units_hung_systemctl_is_cut_off(
 ) -> None:
     """A real program that never answers, in systemctl's place on PATH: the probe returns at
     its deadline and says so."""
-    from ct200_tools.probes import systemd  # noqa: PLC0415
+    from ct200_tools.doctor.probes import systemd  # noqa: PLC0415
 
     fake = tmp_path / "systemctl"
     fake.write_text("#!/bin/sh\nexec sleep 3600\n")
@@ -551,7 +551,7 @@ def test_serving_file_absent_valid_and_broken(tmp_path: Path) -> None:
     assert probe_serving(r) == ServingFacts("/var/lib/ct200/serving.json")
     path = tmp_path / "var" / "lib" / "ct200" / "serving.json"
     path.parent.mkdir(parents=True)
-    # The file as the switch writes it: the probe parses it with ct200_tools.serving.
+    # The file as the switch writes it: the probe parses it with ct200_tools.serve.serving.
     path.write_text(ServingState(("kimi-tp8-eagle3",), "2026-12-01T00:00:00+00:00").to_json())
     assert probe_serving(r).servers == ("kimi-tp8-eagle3",)
     path.write_text("{")
@@ -636,7 +636,7 @@ def test_served_name_and_unit_contract() -> None:
 
 def test_a_unit_stopped_by_its_start_limit_is_named_a_crash_loop_with_its_last_exit() -> None:
     """The recorded unit that failed after 3 restarts (systemd 252: Result stays exit-code)."""
-    from ct200_tools.checks import run_checks  # noqa: PLC0415
+    from ct200_tools.doctor.checks import run_checks  # noqa: PLC0415
     from ct200_tools.spec import load_spec  # noqa: PLC0415
     from tests.unit import server_facts as sf  # noqa: PLC0415
 
@@ -651,7 +651,7 @@ def test_a_unit_between_a_crash_and_its_restart_is_restarting_not_starting() -> 
     """derived: the recorded failed unit in its RestartSec delay (activating, auto-restart)."""
     import dataclasses  # noqa: PLC0415
 
-    from ct200_tools.checks import run_checks  # noqa: PLC0415
+    from ct200_tools.doctor.checks import run_checks  # noqa: PLC0415
     from ct200_tools.spec import load_spec  # noqa: PLC0415
     from tests.unit import server_facts as sf  # noqa: PLC0415
 

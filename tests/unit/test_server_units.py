@@ -1,5 +1,6 @@
-"""The server units: rendered by Ansible and by ct200_tools.render to the same bytes, clean under
-systemd-analyze verify for every engine and speculative variant, and saying what issue 11 asks.
+"""The server units: rendered by Ansible and by ct200_tools.serve.render to the same bytes, clean
+under systemd-analyze verify for every engine and speculative variant, and saying what issue 11
+asks.
 
 Ansible renders through the inference_servers role's own render tasks (real ansible-playbook on
 localhost, into a temporary directory); systemd-analyze runs here, in a scratch root with named
@@ -24,8 +25,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ct200_tools import engines as engine
-from ct200_tools.render import Rendered, render
+from ct200_tools.serve import engines as engine
+from ct200_tools.serve.render import Rendered, render
 from ct200_tools.spec import SPEC_KEY, SiteSpec, load_spec, validate
 from testbed import units
 from testbed.units import unquote

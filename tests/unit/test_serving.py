@@ -1,5 +1,5 @@
-"""The serving set (ct200_tools.serving), the switch's plan and steps (ct200_tools.serve.switch),
-preflight and the readiness poll, on the CT200 example.
+"""The serving set (ct200_tools.serve.serving), the switch's plan and steps
+(ct200_tools.serve.switch), preflight and the readiness poll, on the CT200 example.
 
 Planning is a pure function of the spec, the recorded set and what systemd says; the steps run
 against ScriptedSystemctl, a stand-in for systemctl that keeps unit states in memory (this
@@ -22,15 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from ct200_tools import engines as engine
-from ct200_tools import serving
 from ct200_tools.httpclient import Answer
-from ct200_tools.serve import notify
+from ct200_tools.serve import engines as engine
+from ct200_tools.serve import notify, serving
 from ct200_tools.serve.preflight import Preflight
 from ct200_tools.serve.ready import process_alive, wait_ready
+from ct200_tools.serve.serving import ServingError, ServingSet, ServingState
 from ct200_tools.serve.switch import Machine, ModelState, Switch, choose_drops, plan
 from ct200_tools.serve.systemd import Systemd, UnitState, parse_show
-from ct200_tools.serving import ServingError, ServingSet, ServingState
 from ct200_tools.spec import SiteSpec, load_spec, validate
 from tests.unit.spec_helpers import EXAMPLE_DIR, changed
 

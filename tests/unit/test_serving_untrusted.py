@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ct200_tools import serving
 from ct200_tools.cli import serve
-from ct200_tools.probes.base import Reader
-from ct200_tools.probes.serving import probe_serving
-from ct200_tools.serving import ServingError
+from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.doctor.probes.serving import probe_serving
+from ct200_tools.serve import serving
+from ct200_tools.serve.serving import ServingError
 from tests.server_sites import llama_site
 
 pytestmark = pytest.mark.timeout(60)

@@ -14,8 +14,8 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from ct200_tools.probes.base import SshError
-from ct200_tools.probes.ssh import SshReader, SshTarget, connect, resolve
+from ct200_tools.doctor.probes.base import SshError
+from ct200_tools.doctor.probes.ssh import SshReader, SshTarget, connect, resolve
 from tests.unit import ssh_standin
 
 ROOT = Path(__file__).parents[2]
@@ -230,7 +230,7 @@ def test_a_jump_host_that_cannot_reach_the_host_says_so(tmp_path: Path, key, ser
 
 
 def ssh_standin_fingerprint(s: ssh_standin.StandIn) -> str:
-    from ct200_tools.probes.ssh import fingerprint  # noqa: PLC0415
+    from ct200_tools.doctor.probes.ssh import fingerprint  # noqa: PLC0415
 
     return fingerprint(s.host_key)
 

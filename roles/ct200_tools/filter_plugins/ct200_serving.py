@@ -1,4 +1,4 @@
-"""ct200_serving_set: the serving set of a target, by ct200_tools.serving (the same code as
+"""ct200_serving_set: the serving set of a target, by ct200_tools.serve.serving (the same code as
 ct200-serve and the doctor), from the base64 content of its serving.json (or none) and the spec.
 """
 
@@ -9,8 +9,8 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from ct200_tools.render import site_of
-from ct200_tools.serving import ServingError, parse, serving_set
+from ct200_tools.serve.render import site_of
+from ct200_tools.serve.serving import ServingError, parse, serving_set
 
 
 def ct200_serving_set(content: str | None, ct200_site: dict[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,12 @@
-"""The filters of the server templates (templates/ct200-server.*.j2): ct200_tools.render's own,
-so Ansible and ct200_tools.render write the same bytes."""
+"""The filters of the server templates (templates/ct200-server.*.j2):
+ct200_tools.serve.render's own, so Ansible and ct200_tools.serve.render write the same bytes."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from ct200_tools.render import FILTERS
+from ct200_tools.serve.render import FILTERS
 
 
 class FilterModule:

@@ -1,0 +1,67 @@
+"""Unit state from `systemctl show`: one call for every server unit, with a deadline.
+
+No D-Bus library: systemctl is on every systemd machine and its `show` output is a stable
+KEY=VALUE format (one block per unit, blank line between blocks, in the order asked).
+"""
+
+from __future__ import annotations
+
+from ct200_tools.doctor.facts import UnitFacts
+from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.systemctl import show_argv, show_blocks
+
+#: The properties the server checks read, in `systemctl show -p` form.
+PROPERTIES = (
+    "Id",
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "Result",
+    "NRestarts",
+    "MainPID",
+    "ExecMainStatus",
+    "ControlGroup",
+)
+SHOW_TIMEOUT_S = 3.0
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text is not None and text.strip().lstrip("-").isdigit() else None
+
+
+def parse_show(text: str, units: list[str]) -> dict[str, UnitFacts]:
+    """`systemctl show` of these units -> their facts, by the name asked."""
+    return {
+        name: UnitFacts(
+            name=name,
+            load_state=block.get("LoadState") or None,
+            active_state=block.get("ActiveState") or None,
+            sub_state=block.get("SubState") or None,
+            result=block.get("Result") or None,
+            n_restarts=_int(block.get("NRestarts")),
+            main_pid=_int(block.get("MainPID")),
+            exec_main_status=_int(block.get("ExecMainStatus")),
+            control_group=block.get("ControlGroup") or None,
+        )
+        for name, block in show_blocks(text, units).items()
+    }
+
+
+def probe_units(r: Reader, units: list[str], key: str) -> dict[str, UnitFacts]:
+    """The units' state; {} with the reason noted under `key` when systemd cannot be asked
+    (no systemctl, systemd not running here, a hung systemd)."""
+    if not units:
+        return {}
+    try:
+        ran = r.run(show_argv(units, PROPERTIES), SHOW_TIMEOUT_S)
+    except FileNotFoundError:
+        r.note(key, "systemctl not found: not a systemd machine")
+        return {}
+    except OSError as exc:
+        r.note(key, f"systemctl show: {exc}")
+        return {}
+    if ran.returncode != 0:
+        why = (ran.stderr.strip().splitlines() or [f"exit status {ran.returncode}"])[0]
+        r.note(key, f"systemctl show: {why}")
+        return {}
+    return parse_show(ran.stdout, units)
