@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ct200_tools.doctor.checks.base import Finding
-from ct200_tools.doctor.facts import Facts, to_jsonable
+from ct200_tools.facts import Facts, to_jsonable
 from ct200_tools.serve import engines
 from ct200_tools.spec import ServerSpec, SiteSpec
 from ct200_tools.untrusted import UntrustedInputError, read_bounded

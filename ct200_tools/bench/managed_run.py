@@ -17,7 +17,7 @@ from ct200_tools.bench.results import Store
 from ct200_tools.bench.runner import BenchError, Sweep, points, resolve_model
 from ct200_tools.bench.session import Echo, Outcome, Printer, new_id, progress_line, resume_run
 from ct200_tools.bench.watch import GpuWatch, MetricsWatch
-from ct200_tools.doctor.facts import to_jsonable
+from ct200_tools.facts import to_jsonable
 from ct200_tools.serve import engines
 from ct200_tools.spec import SiteSpec
 from ct200_tools.untrusted import UntrustedInputError, read_bounded, show

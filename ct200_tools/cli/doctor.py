@@ -22,7 +22,6 @@ from ct200_tools.doctor.checks import (
     select,
 )
 from ct200_tools.doctor.checks.base import plural
-from ct200_tools.doctor.facts import Facts, FactsFormatError
 from ct200_tools.doctor.report import (
     Exit,
     Header,
@@ -35,6 +34,7 @@ from ct200_tools.doctor.report import (
 from ct200_tools.doctor.scope import Scope, UnknownServerError
 from ct200_tools.doctor.warmup import DEFAULT_MODE as DEFAULT_CUDA_MODE
 from ct200_tools.doctor.warmup import MODES as CUDA_MODES
+from ct200_tools.facts import Facts, FactsFormatError
 from ct200_tools.fsutil import write_atomic
 from ct200_tools.spec import SiteSpec, SpecError, find_spec, load_spec
 
@@ -449,7 +449,7 @@ def snapshot(
 ) -> None:
     """Print this machine's facts as JSON (with --host, the PVE host's too), to judge elsewhere
     with `check --facts`."""
-    from ct200_tools.doctor.facts import dumps  # noqa: PLC0415
+    from ct200_tools.facts import dumps  # noqa: PLC0415
 
     spec, source = _load_spec(spec_path)
     if host is not None:
@@ -565,7 +565,7 @@ def _probe(
 
 
 def _read_facts(path: Path) -> Facts:
-    from ct200_tools.doctor.facts import read_file  # noqa: PLC0415
+    from ct200_tools.facts import read_file  # noqa: PLC0415
     from ct200_tools.untrusted import UntrustedInputError, show  # noqa: PLC0415
 
     try:

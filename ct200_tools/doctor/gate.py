@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from ct200_tools.doctor.checks import gate_checks, needed_facts, run_checks
 from ct200_tools.doctor.checks.base import Finding
-from ct200_tools.doctor.facts import Facts
 from ct200_tools.doctor.report import Exit, exit_code
 from ct200_tools.doctor.scope import Scope
+from ct200_tools.facts import Facts
 from ct200_tools.spec import SiteSpec
 
 

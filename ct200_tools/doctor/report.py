@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from ct200_tools import __version__
 from ct200_tools.doctor.checks.base import NEEDS_SPEC, NO_SPEC_FIX, STATUSES, Finding, plural
-from ct200_tools.doctor.facts import Facts, to_jsonable
 from ct200_tools.exitcodes import Exit as Exit  # noqa: PLC0414 - re-exported for the doctor
+from ct200_tools.facts import Facts, to_jsonable
 
 #: Version of the --json document; bump when a field changes meaning or disappears.
 REPORT_SCHEMA_VERSION = 1

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ct200_tools.doctor.facts import HttpFacts
 from ct200_tools.doctor.probes.base import Reader
 from ct200_tools.doctor.probes.servers import generate
+from ct200_tools.facts import HttpFacts
 from ct200_tools.serve import engines
 from ct200_tools.serve.ready import Readiness, wait_ready
 from ct200_tools.spec import ServerSpec

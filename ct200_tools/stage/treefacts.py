@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from ct200_tools.doctor.facts import (
+from ct200_tools.facts import (
     ManifestFacts,
     ManifestFile,
     MarkerFacts,

@@ -19,7 +19,7 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from ct200_tools.doctor.facts import (
+from ct200_tools.facts import (
     ManifestFacts,
     RehashedFile,
     StagedTreeFacts,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ct200_tools.doctor.facts import Facts
 from ct200_tools.doctor.probes import collect
 from ct200_tools.doctor.probes.devices import parse_proc_devices
+from ct200_tools.facts import Facts
 from tests.gpu import faults, nvsmi
 
 pytestmark = pytest.mark.gpu

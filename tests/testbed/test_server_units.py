@@ -16,9 +16,9 @@ from tbharness import Bed
 
 from ct200_tools.doctor.checks.base import Context
 from ct200_tools.doctor.checks.server import JUDGES
-from ct200_tools.doctor.facts import Facts, ServerFacts
 from ct200_tools.doctor.probes.base import Ran, Reader, RunTimeout
 from ct200_tools.doctor.probes.systemd import probe_units
+from ct200_tools.facts import Facts, ServerFacts
 from ct200_tools.serve import engines
 from ct200_tools.spec import GpuSpec, ModelSpec, ServerSpec, SiteSpec
 from testbed import ssh as tbssh

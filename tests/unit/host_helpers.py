@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ct200_tools.doctor.facts import DevNode, Facts, HostFacts
 from ct200_tools.doctor.probes.host import probe_host
+from ct200_tools.facts import DevNode, Facts, HostFacts
 from ct200_tools.spec import SiteSpec, load_spec
 from tests.unit.probe_helpers import (
     FIXTURES,

@@ -12,11 +12,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ct200_tools.doctor.facts import DevNode, Facts, loads
 from ct200_tools.doctor.probes.base import NodeStat, Reader
 from ct200_tools.doctor.probes.memory import (
     SHM,
 )
+from ct200_tools.facts import DevNode, Facts, loads
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,8 @@ import functools
 from collections.abc import Callable
 from pathlib import Path
 
-from ct200_tools.doctor.facts import (
+from ct200_tools.doctor.probes.systemd import parse_show
+from ct200_tools.facts import (
     EngineFacts,
     Facts,
     HttpFacts,
@@ -24,7 +25,6 @@ from ct200_tools.doctor.facts import (
     UnitFacts,
     loads,
 )
-from ct200_tools.doctor.probes.systemd import parse_show
 from ct200_tools.serve import engines
 
 FIX = Path(__file__).parents[1] / "fixtures"
@@ -215,7 +215,7 @@ def chain(*edits: Edit) -> Edit:
 
 def cuda_hung(f: Facts) -> Facts:
     """derived: cuInit hangs (a root of its own: no node explains a hang)."""
-    from ct200_tools.doctor.facts import CudaFacts  # noqa: PLC0415
+    from ct200_tools.facts import CudaFacts  # noqa: PLC0415
 
     return dataclasses.replace(
         f, cuda=CudaFacts(timed_out=True, duration_s=10.0, error="cuInit did not return")

@@ -25,9 +25,9 @@ from ct200_tools.bench.plan import PlanError, load_plan
 from ct200_tools.bench.view import point_lines
 from ct200_tools.cli import bench as cli
 from ct200_tools.doctor.checks import for_scope, run_checks, select
-from ct200_tools.doctor.facts import read_file
 from ct200_tools.doctor.report import Header, exit_code, gate_verdict, render_text
 from ct200_tools.doctor.scope import Scope
+from ct200_tools.facts import read_file
 from ct200_tools.spec import SiteSpec, load_spec
 from tests.unit import nvml_standin
 from tests.unit.bench_helpers import bench, standin

@@ -19,9 +19,9 @@ import pytest
 
 from ct200_tools.doctor.checks import run_checks
 from ct200_tools.doctor.checks.causes import CAUSES
-from ct200_tools.doctor.facts import CudaFacts, DevNode, Facts, loads
 from ct200_tools.doctor.probes.cuda import summarise
 from ct200_tools.doctor.report import Exit, Header, exit_code, render_text, root_causes
+from ct200_tools.facts import CudaFacts, DevNode, Facts, loads
 from ct200_tools.spec import SiteSpec, load_spec
 from tests.unit import host_helpers as hh
 from tests.unit import server_facts as sf

@@ -24,11 +24,11 @@ import yaml
 
 from ct200_tools.doctor.checks import BY_ID, CHECK_IDS
 from ct200_tools.doctor.checks.base import STATUSES, Context, run_check
-from ct200_tools.doctor.facts import Facts, loads
+from ct200_tools.facts import Facts, loads
 from ct200_tools.spec import SiteSpec, load_spec
 
 ROOT = Path(__file__).parents[2]
-EXAMPLES = ROOT / "ct200_tools" / "checks" / "examples"
+EXAMPLES = ROOT / "ct200_tools" / "doctor" / "checks" / "examples"
 FACTS_DIR = "tests/fixtures/facts/"
 FACT_SECTIONS = (
     "kernel",

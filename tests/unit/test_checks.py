@@ -24,8 +24,8 @@ from ct200_tools.doctor.checks import (
 )
 from ct200_tools.doctor.checks.base import Check, Context, Finding, Outcome, run_check
 from ct200_tools.doctor.docs import render
-from ct200_tools.doctor.facts import Facts, loads
 from ct200_tools.doctor.report import Exit, exit_code, root_causes
+from ct200_tools.facts import Facts, loads
 from ct200_tools.spec import SiteSpec, load_spec
 from tests.fixtures import derive_ct200
 from tests.unit import server_facts as sf

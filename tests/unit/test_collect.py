@@ -11,11 +11,11 @@ import pytest
 
 import ct200_tools.doctor.probes as probes_pkg
 from ct200_tools.doctor import warmup
-from ct200_tools.doctor.facts import LATER_SECTIONS
 from ct200_tools.doctor.probes import NO_SPEC_MODELS, NO_SPEC_SERVERS, PROBE_NAMES, Probe, collect
 from ct200_tools.doctor.probes.base import Reader
 from ct200_tools.doctor.probes.kernel import probe_kernel
 from ct200_tools.doctor.probes.nvml import probe_nvml
+from ct200_tools.facts import LATER_SECTIONS
 from tests.unit import nvml_standin
 from tests.unit.probe_helpers import (
     H200_FIXTURES,

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import ct200_tools.doctor.facts as facts_module
-from ct200_tools.doctor.facts import (
+import ct200_tools.facts as facts_module
+from ct200_tools.facts import (
     MAX_FACTS_BYTES,
     MAX_INT_DIGITS,
     SCHEMA_VERSION,

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from ct200_tools.doctor.checks.base import Finding
-from ct200_tools.doctor.facts import read_file
 from ct200_tools.doctor.fleet import (
     FleetFormatError,
     Status,
@@ -30,6 +29,7 @@ from ct200_tools.doctor.fleet import (
 )
 from ct200_tools.doctor.report import Header, render_json
 from ct200_tools.exitcodes import Exit
+from ct200_tools.facts import read_file
 
 ROOT = Path(__file__).parents[2]
 FIX = ROOT / "tests" / "fixtures" / "facts"

@@ -13,12 +13,12 @@ import pytest
 
 from ct200_tools.doctor import warmup
 from ct200_tools.doctor.checks import BY_ID, for_scope, gate_checks, needed_facts, run_checks
-from ct200_tools.doctor.facts import LATER_SECTIONS, OLDER_SNAPSHOT, DevNode, Facts, loads
 from ct200_tools.doctor.gate import run_gate
 from ct200_tools.doctor.probes import NOT_NEEDED, collect
 from ct200_tools.doctor.probes.base import Reader
 from ct200_tools.doctor.report import Exit, gate_verdict
 from ct200_tools.doctor.scope import Scope, UnknownServerError
+from ct200_tools.facts import LATER_SECTIONS, OLDER_SNAPSHOT, DevNode, Facts, loads
 from ct200_tools.spec import SiteSpec, load_spec
 from tests.unit import server_facts as sf
 
@@ -276,7 +276,7 @@ def test_check_server_judges_one_server_from_a_snapshot() -> None:
 def test_a_model_still_staging_stops_the_gate_but_only_warns_a_check(ct200: SiteSpec) -> None:
     """derived: the CT200 container after a reboot with a stage running (pid 4242) for every
     model: a server about to start cannot load a half-copied model."""
-    from ct200_tools.doctor.facts import StagedTreeFacts  # noqa: PLC0415
+    from ct200_tools.facts import StagedTreeFacts  # noqa: PLC0415
 
     f = facts("ct200-ct-incident")
     assert f.models is not None

@@ -24,7 +24,6 @@ import pytest
 
 from ct200_tools.doctor.checks import run_checks
 from ct200_tools.doctor.checks.base import Finding
-from ct200_tools.doctor.facts import dumps, loads
 from ct200_tools.doctor.probes.base import SshError
 from ct200_tools.doctor.probes.pci import (
     ConfigUnreadable,
@@ -33,6 +32,7 @@ from ct200_tools.doctor.probes.pci import (
     upstream_bridges,
 )
 from ct200_tools.doctor.probes.ssh import SshReader, connect, resolve
+from ct200_tools.facts import dumps, loads
 from ct200_tools.host import pvecfg
 from tests.unit import host_helpers as hh
 from tests.unit.probe_helpers import FIXTURES, facts

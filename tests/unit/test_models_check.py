@@ -20,7 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ct200_tools.doctor.facts import (
+from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.doctor.probes.models import probe_model
+from ct200_tools.facts import (
     ManifestFacts,
     ManifestFile,
     MarkerFacts,
@@ -28,8 +30,6 @@ from ct200_tools.doctor.facts import (
     StagedTreeFacts,
     TreeEntry,
 )
-from ct200_tools.doctor.probes.base import Reader
-from ct200_tools.doctor.probes.models import probe_model
 from ct200_tools.fsutil import write_atomic
 from ct200_tools.spec import ModelSpec
 from ct200_tools.stage.builder import build_manifest

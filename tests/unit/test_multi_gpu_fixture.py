@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ct200_tools.doctor.checks import run_checks
-from ct200_tools.doctor.facts import Facts, loads
+from ct200_tools.facts import Facts, loads
 from ct200_tools.spec import SiteSpec, validate
 from tests.gpu import nvsmi
 

@@ -14,8 +14,8 @@ import yaml
 
 from ct200_tools.doctor.checks import CHECKS, run_checks
 from ct200_tools.doctor.checks.base import NO_GPU_SITE
-from ct200_tools.doctor.facts import loads
 from ct200_tools.doctor.report import Exit, exit_code
+from ct200_tools.facts import loads
 from ct200_tools.spec import SpecError, validate
 
 ROOT = Path(__file__).parents[2]

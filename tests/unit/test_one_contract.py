@@ -17,10 +17,10 @@ import pytest
 
 from ct200_tools.doctor.checks import run_checks
 from ct200_tools.doctor.checks.base import Context, Finding
-from ct200_tools.doctor.facts import Facts, ServerFacts, loads
 from ct200_tools.doctor.probes.base import Reader
 from ct200_tools.doctor.probes.engine import probe_engine
 from ct200_tools.doctor.probes.serving import probe_serving
+from ct200_tools.facts import Facts, ServerFacts, loads
 from ct200_tools.serve import engines, serving
 from ct200_tools.serve.preflight import Preflight, find_program
 from ct200_tools.serve.serving import ServingState

@@ -21,9 +21,9 @@ import pytest
 
 from ct200_tools.doctor.checks import run_checks
 from ct200_tools.doctor.checks.base import Finding
-from ct200_tools.doctor.facts import Facts, loads
 from ct200_tools.doctor.fleet import HostResult, Status, render_table, roots_of
 from ct200_tools.doctor.report import Header, exit_code, gate_verdict, render_json, render_text
+from ct200_tools.facts import Facts, loads
 from ct200_tools.host.chain import fix_of as host_fix
 from ct200_tools.serve import chain as ch
 from ct200_tools.serve.bootsteps import STATES, Step

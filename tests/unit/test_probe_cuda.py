@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ct200_tools.doctor.facts import CudaFacts
 from ct200_tools.doctor.probes.cuda import parse_child_output
+from ct200_tools.facts import CudaFacts
 from tests.unit.probe_helpers import (
     facts,
 )

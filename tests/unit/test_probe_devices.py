@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ct200_tools.doctor.facts import DeviceFacts, DevNode
 from ct200_tools.doctor.probes.base import NodeStat, Reader
 from ct200_tools.doctor.probes.devices import inspect_node, parse_proc_devices, probe_devices
+from ct200_tools.facts import DeviceFacts, DevNode
 from tests.unit.probe_helpers import (
     H200_FIXTURES,
     capture,

@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from ct200_tools.doctor.facts import LATER_SECTIONS, TopoLink
 from ct200_tools.doctor.probes.base import Reader
 from ct200_tools.doctor.probes.nvml import cpus_from_mask, normalise_bus_id, probe_nvml
+from ct200_tools.facts import LATER_SECTIONS, TopoLink
 from tests.unit import nvml_standin
 from tests.unit.probe_helpers import (
     BDF,

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ct200_tools.doctor.facts import PciFacts
 from ct200_tools.doctor.probes.base import Reader
 from ct200_tools.doctor.probes.pci import (
     PCI_CAP_ID_EXP,
@@ -20,6 +19,7 @@ from ct200_tools.doctor.probes.pci import (
     parse_devctl,
     probe_pci,
 )
+from ct200_tools.facts import PciFacts
 from tests.unit.probe_helpers import (
     BDF,
     facts,

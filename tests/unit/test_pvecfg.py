@@ -673,7 +673,7 @@ def test_pvecfg_runs_on_python39() -> None:
             OLD_PYTHONS[0],
             "-I",
             "-c",
-            f"import sys; sys.path.insert(0, {str(ROOT / 'ct200_tools')!r}); {script}",
+            f"import sys; sys.path.insert(0, {str(ROOT / 'ct200_tools' / 'host')!r}); {script}",
         ],
         capture_output=True,
         text=True,

@@ -23,7 +23,6 @@ import pytest
 from ct200_tools.doctor.checks import quant
 from ct200_tools.doctor.checks.base import Context
 from ct200_tools.doctor.checks.server import JUDGES
-from ct200_tools.doctor.facts import Facts, ServerFacts, ServingFacts, UnitFacts
 from ct200_tools.doctor.probes.base import Ran, Reader
 from ct200_tools.doctor.probes.engine import probe_engine, probe_quant
 from ct200_tools.doctor.probes.ports import clashes, parse_listeners, probe_port, unit_of
@@ -35,6 +34,7 @@ from ct200_tools.doctor.probes.servers import (
 )
 from ct200_tools.doctor.probes.serving import probe_serving
 from ct200_tools.doctor.probes.systemd import parse_show, probe_units
+from ct200_tools.facts import Facts, ServerFacts, ServingFacts, UnitFacts
 from ct200_tools.httpclient import HttpTimeout
 from ct200_tools.serve import engines
 from ct200_tools.serve.serving import KIND, ServingState

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ct200_tools.doctor.checks import CHECKS, run_checks
-from ct200_tools.doctor.facts import loads
+from ct200_tools.facts import loads
 
 ROOT = Path(__file__).parents[2]
 

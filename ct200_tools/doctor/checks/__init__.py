@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from ct200_tools.doctor.checks import dev, driver, gpu, host, lxc, mem, models, server, topo, tune
 from ct200_tools.doctor.checks.base import Check, Context, Finding, run_check
 from ct200_tools.doctor.checks.causes import CAUSES, rules_for
-from ct200_tools.doctor.facts import Facts
 from ct200_tools.doctor.scope import Scope
+from ct200_tools.facts import Facts
 from ct200_tools.spec import SiteSpec
 
 CHECKS: tuple[Check, ...] = (

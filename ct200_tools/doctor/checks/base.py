@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ct200_tools.doctor.facts import Facts
 from ct200_tools.doctor.scope import About, Scope
+from ct200_tools.facts import Facts
 from ct200_tools.serve.serving import selected
 from ct200_tools.spec import ModelSpec, ServerSpec, SiteSpec
 

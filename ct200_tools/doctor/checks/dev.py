@@ -21,7 +21,7 @@ from ct200_tools.doctor.checks.base import (
     plural,
     skipped,
 )
-from ct200_tools.doctor.facts import DevNode
+from ct200_tools.facts import DevNode
 
 CORE = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 _GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")

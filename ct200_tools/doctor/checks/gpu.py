@@ -19,7 +19,7 @@ from ct200_tools.doctor.checks.base import (
     skipped,
 )
 from ct200_tools.doctor.checks.driver import MODULE_FIX
-from ct200_tools.doctor.facts import CudaFacts, CudaGpuInit, GpuFacts
+from ct200_tools.facts import CudaFacts, CudaGpuInit, GpuFacts
 
 #: One GPU's own node (not /dev/nvidiactl or /dev/nvidia-uvm, which every GPU needs).
 _GPU_NODE = re.compile(r"^/dev/nvidia\d+$")

@@ -24,8 +24,8 @@ from ct200_tools.doctor.checks.base import (
     skipped,
 )
 from ct200_tools.doctor.checks.tune import judge_mrrs, judge_numa_balancing
-from ct200_tools.doctor.facts import HostFacts
 from ct200_tools.doctor.probes.pci import ACS_REDIRECT
+from ct200_tools.facts import HostFacts
 
 #: Why a host check skipped: the host was not read.
 NO_HOST = "the PVE host was not read: run `ct200-doctor check --host HOST` (`--host local` on it)"

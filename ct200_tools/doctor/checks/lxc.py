@@ -23,7 +23,7 @@ from ct200_tools.doctor.checks.base import (
     skipped,
 )
 from ct200_tools.doctor.checks.host import host_side, no_host
-from ct200_tools.doctor.facts import LxcConfFacts
+from ct200_tools.facts import LxcConfFacts
 from ct200_tools.host import pvecfg
 
 TAG = "lxc_passthrough"

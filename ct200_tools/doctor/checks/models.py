@@ -15,7 +15,7 @@ from ct200_tools.doctor.checks.base import (
     skipped,
 )
 from ct200_tools.doctor.checks.staged import model_verdict
-from ct200_tools.doctor.facts import ModelFacts
+from ct200_tools.facts import ModelFacts
 from ct200_tools.spec import ModelSpec
 
 

@@ -29,7 +29,7 @@ from ct200_tools.doctor.checks.base import (
     skipped,
 )
 from ct200_tools.doctor.checks.staged import model_verdict
-from ct200_tools.doctor.facts import HttpFacts, PortHolder, ProcessGpuFacts, ServerFacts, UnitFacts
+from ct200_tools.facts import HttpFacts, PortHolder, ProcessGpuFacts, ServerFacts, UnitFacts
 from ct200_tools.serve import engines
 from ct200_tools.spec import ServerSpec
 from ct200_tools.untrusted import show

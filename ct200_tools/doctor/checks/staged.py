@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import cast, get_args
 
-from ct200_tools.doctor.facts import ModelFacts
+from ct200_tools.facts import ModelFacts
 from ct200_tools.stage.verdict import StageState, StageVerdict, stage_verdict
 
 

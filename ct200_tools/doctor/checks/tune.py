@@ -13,7 +13,7 @@ from ct200_tools.doctor.checks.base import (
     plural,
     skipped,
 )
-from ct200_tools.doctor.facts import KernelFacts, PciFacts
+from ct200_tools.facts import KernelFacts, PciFacts
 
 #: The file roles/host_tuning persists the sysctl in (host_tuning_sysctl_file).
 SYSCTL_FILE = "/etc/sysctl.d/60-ct200.conf"

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from ct200_tools import __version__
-from ct200_tools.doctor.facts import CudaFacts, Facts, ModelFacts, ProbeRun
 from ct200_tools.doctor.probes.base import Reader
 from ct200_tools.doctor.probes.cuda import CudaChild
 from ct200_tools.doctor.probes.devices import probe_devices
@@ -28,6 +27,7 @@ from ct200_tools.doctor.probes.pci import probe_pci
 from ct200_tools.doctor.probes.serving import probe_serving
 from ct200_tools.doctor.scope import Scope
 from ct200_tools.doctor.warmup import DEFAULT_MODE as DEFAULT_CUDA_MODE
+from ct200_tools.facts import CudaFacts, Facts, ModelFacts, ProbeRun
 from ct200_tools.spec import ModelSpec, SiteSpec
 
 DEFAULT_TIMEOUT_S = 10.0

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ct200_tools.doctor.facts import CudaFacts, CudaGpuInit
 from ct200_tools.doctor.warmup import ALL, DEFAULT_MODE, PER_GPU, Child, Started, take
+from ct200_tools.facts import CudaFacts, CudaGpuInit
 
 #: The CUresult names the doctor explains, for facts recorded where cuGetErrorName failed.
 CU_NAMES = {

@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import re
 
-from ct200_tools.doctor.facts import DeviceFacts, DevNode
 from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.facts import DeviceFacts, DevNode
 
 #: Nodes CUDA needs whatever the GPU count.
 CORE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")

@@ -13,8 +13,8 @@ import os
 import stat
 from dataclasses import replace
 
-from ct200_tools.doctor.facts import EngineFacts, QuantFacts
 from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.facts import EngineFacts, QuantFacts
 from ct200_tools.serve import engines
 from ct200_tools.spec import ServerSpec
 

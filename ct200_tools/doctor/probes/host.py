@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ct200_tools.doctor.facts import Facts, HostFacts, LxcConfFacts
 from ct200_tools.doctor.probes.base import Reader, SshError
 from ct200_tools.doctor.probes.devices import probe_devices
 from ct200_tools.doctor.probes.kernel import probe_kernel
 from ct200_tools.doctor.probes.pci import probe_bridges, probe_pci
+from ct200_tools.facts import Facts, HostFacts, LxcConfFacts
 from ct200_tools.spec import SiteSpec
 
 LXC_DIR = "/etc/pve/lxc"

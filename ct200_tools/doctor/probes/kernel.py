@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from ct200_tools.doctor.facts import KernelFacts
 from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.facts import KernelFacts
 
 _MODULE_VERSION = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ct200_tools.doctor.facts import MemoryFacts
 from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.facts import MemoryFacts
 
 SHM = "/dev/shm"
 CGROUP_ROOT = "/sys/fs/cgroup"

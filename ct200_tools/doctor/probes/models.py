@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import stat
 
-from ct200_tools.doctor.facts import ModelFacts
 from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.facts import ModelFacts
 from ct200_tools.spec import ModelSpec
 from ct200_tools.stage.manifest import default_manifest_path
 from ct200_tools.stage.treefacts import read_staged_tree

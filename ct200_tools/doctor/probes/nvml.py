@@ -10,8 +10,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ct200_tools.doctor.facts import GpuFacts, NvmlFacts, RemappedRows, TopoLink
 from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.facts import GpuFacts, NvmlFacts, RemappedRows, TopoLink
 
 T = TypeVar("T")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ct200_tools.doctor.facts import BridgeFacts, PciFacts
 from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.facts import BridgeFacts, PciFacts
 
 NVIDIA_VENDOR = "0x10de"
 PCI_CAP_ID_EXP = 0x10

@@ -10,8 +10,8 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from ct200_tools.doctor.facts import PortHolder
 from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.facts import PortHolder
 
 LISTEN = "0A"
 _SOCKET = re.compile(r"^socket:\[(\d+)\]$")

@@ -16,17 +16,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-from ct200_tools.doctor.facts import (
+from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.doctor.probes.engine import probe_engine, probe_quant
+from ct200_tools.doctor.probes.ports import probe_port
+from ct200_tools.doctor.probes.systemd import probe_units
+from ct200_tools.facts import (
     HttpFacts,
     ProcessGpuFacts,
     ServerFacts,
     ServingFacts,
     UnitFacts,
 )
-from ct200_tools.doctor.probes.base import Reader
-from ct200_tools.doctor.probes.engine import probe_engine, probe_quant
-from ct200_tools.doctor.probes.ports import probe_port
-from ct200_tools.doctor.probes.systemd import probe_units
 from ct200_tools.httpclient import HttpError, NotJson, Redirected, count, parse_json
 from ct200_tools.serve import engines
 from ct200_tools.serve.serving import selected

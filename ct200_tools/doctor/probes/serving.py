@@ -7,8 +7,8 @@ ct200_tools.serve.serving, the module that writes the file: one definition of it
 
 from __future__ import annotations
 
-from ct200_tools.doctor.facts import ServingFacts
 from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.facts import ServingFacts
 from ct200_tools.serve import serving
 
 SERVING_PATH = serving.STATE_PATH

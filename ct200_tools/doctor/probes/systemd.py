@@ -6,8 +6,8 @@ KEY=VALUE format (one block per unit, blank line between blocks, in the order as
 
 from __future__ import annotations
 
-from ct200_tools.doctor.facts import UnitFacts
 from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.facts import UnitFacts
 from ct200_tools.systemctl import show_argv, show_blocks
 
 #: The properties the server checks read, in `systemctl show -p` form.
