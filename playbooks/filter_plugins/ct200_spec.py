@@ -11,6 +11,9 @@ Valid: one mapping for the play to export to the other plays:
   host_chain     the host's boot units this spec installs, in start order: [{name, unit}]
   device_nodes   the host's nodes the container is given (GpuSpec.device_nodes)
   mrrs           the PCIe MRRS sizes and their Device Control codes: [{bytes, code}]
+  paths          where ct200-tools reads and writes on the machines, as its code names them:
+                 spec (/etc/ct200/site.yml), serving (serving.json), textfile and host_textfile
+                 (the boot reports)
 Invalid: the task fails with every issue (path, message, fix), one a line; no ct200_site (null):
 with where to put it.
 """
@@ -22,8 +25,11 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from ct200_tools import units
+from ct200_tools import hostchain, units
+from ct200_tools.serve import chain
+from ct200_tools.serving import STATE_PATH
 from ct200_tools.spec import (
+    DEFAULT_SPEC_PATH,
     MAX_BYTES,
     MRRS_SIZES,
     SpecError,
@@ -71,6 +77,12 @@ def ct200_validate_spec(text: object) -> dict[str, Any]:
         "host_chain": units.host_chain(spec),
         "device_nodes": list(spec.gpus.device_nodes),
         "mrrs": [{"bytes": size, "code": mrrs_code(size)} for size in MRRS_SIZES],
+        "paths": {
+            "spec": DEFAULT_SPEC_PATH,
+            "serving": STATE_PATH,
+            "textfile": chain.TEXTFILE,
+            "host_textfile": hostchain.TEXTFILE,
+        },
     }
 
 

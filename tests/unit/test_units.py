@@ -18,8 +18,10 @@ from typing import Any
 
 import pytest
 
-from ct200_tools import units
-from ct200_tools.spec import MRRS_SIZES, load_spec, mrrs_code, validate
+from ct200_tools import hostchain, units
+from ct200_tools.serve import chain
+from ct200_tools.serving import STATE_PATH
+from ct200_tools.spec import DEFAULT_SPEC_PATH, MRRS_SIZES, load_spec, mrrs_code, validate
 from tests.unit.spec_helpers import EXAMPLE_DIR, REPO, changed
 
 PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
@@ -212,8 +214,11 @@ ROLE_FILES = [
     "roles/lxc_passthrough/defaults/main.yml",
     "roles/recover/defaults/main.yml",
     "roles/recover/vars/main.yml",
+    "roles/boot_report/defaults/main.yml",
     "roles/boot_report/vars/main.yml",
+    "roles/model_staging/defaults/main.yml",
     "roles/model_staging/vars/main.yml",
+    "roles/ct200_tools/vars/main.yml",
     "roles/inference_servers/vars/main.yml",
 ]
 ROLE_VARS = [
@@ -240,6 +245,13 @@ ROLE_VARS = [
     "boot_report_server_prefix",
     "model_staging_unit_prefix",
     "inference_servers_unit_prefix",
+    "ct200_tools_spec_path",
+    "ct200_tools_serving_file",
+    "model_staging_spec",
+    "boot_report_spec",
+    "recover_spec",
+    "boot_report_textfile",
+    "host_boot_report_textfile",
 ]
 
 
@@ -328,6 +340,14 @@ def test_the_roles_read_the_list_the_table_and_the_nodes_from_the_validate_play(
         "boot_report_server_prefix": units.SERVER.prefix,
         "model_staging_unit_prefix": units.STAGE.prefix,
         "inference_servers_unit_prefix": units.SERVER.prefix,
+        # Where ct200-tools reads and writes, as its code names it.
+        "ct200_tools_spec_path": DEFAULT_SPEC_PATH,
+        "ct200_tools_serving_file": STATE_PATH,
+        "model_staging_spec": DEFAULT_SPEC_PATH,
+        "boot_report_spec": DEFAULT_SPEC_PATH,
+        "recover_spec": DEFAULT_SPEC_PATH,
+        "boot_report_textfile": chain.TEXTFILE,
+        "host_boot_report_textfile": hostchain.TEXTFILE,
     }
     assert len(got["host_devices_nodes"]) == load_spec(EXAMPLE_DIR).gpus.count + 3
 
