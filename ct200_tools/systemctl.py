@@ -2,7 +2,7 @@
 ct200-serve (serve/systemd.py) both need: argv with the properties asked, and the KEY=VALUE
 blocks by unit. No D-Bus library: the format is stable, one block per unit, in the order asked.
 Kept apart from both, so ct200-serve (inside every unit start) does not import the probes.
-Standard library only: the host's chain (hostchain.py) runs it on the PVE host too.
+Standard library only: the host's chain (host/chain.py) runs it on the PVE host too.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ ct200-host-chain (installed by roles/host_boot_report) runs it: by hand it print
 ct200-host-boot-report.service runs it at every boot with --textfile. Exit 0 every step good,
 1 stopped, 2 bad input, 3 systemd could not be asked.
 
-Standard library only, with bootsteps.py, systemctl.py and fsutil.py: ct200-tools is not
+Standard library only, with bootsteps.py, systemctl.py, units.py and fsutil.py: ct200-tools is not
 installed on the host; the role copies these modules there.
 """
 
@@ -42,6 +42,7 @@ from ct200_tools.serve.bootsteps import (
     with_manager,
 )
 from ct200_tools.systemctl import run_argv, show_argv
+from ct200_tools.units import HOST_DEVICES
 
 #: The host's report, beside the container's name (ct200_boot.prom) in node-exporter's directory.
 TEXTFILE: Final = f"{TEXTFILE_DIR}/ct200_host_boot.prom"
@@ -67,12 +68,13 @@ class BadInput(ValueError):
 
 
 def parse_step(text: str) -> tuple[str, str, str]:
-    """NAME=UNIT (e.g. host-devices=ct200-host-devices.service) -> ("host", NAME, UNIT)."""
+    """NAME=UNIT (e.g. host-devices=ct200-host-devices.service) -> ("host", NAME, UNIT).
+    The role passes the steps of units.host_chain (ct200_validated.host_chain)."""
     name, sep, unit = text.partition("=")
     if not sep or not _NAME.match(name) or not _UNIT.match(unit):
         raise BadInput(
             f"--step {text!r}: give NAME=UNIT, a lower-case name and a .service unit, e.g. "
-            "--step host-devices=ct200-host-devices.service"
+            f"--step {HOST_DEVICES.step}={HOST_DEVICES.name()}"
         )
     return KIND, name, unit
 

@@ -1,8 +1,8 @@
 """Boot chain steps from systemd's unit states, and their Prometheus textfile: shared by the
-container's chain (serve/chain.py, `ct200-serve chain`) and the host's (hostchain.py,
+container's chain (serve/chain.py, `ct200-serve chain`) and the host's (host/chain.py,
 ct200-host-chain on the PVE host).
 
-Standard library only, as hostchain.py and fsutil.py: the host_boot_report role copies these
+Standard library only, as host/chain.py and fsutil.py: the host_boot_report role copies these
 modules to the PVE host, where ct200-tools is not installed (as pvecfg.py goes there as
 module_utils). Nothing here touches the machine: `systemctl show` text in, steps and text out.
 """

@@ -48,7 +48,7 @@ from ct200_tools.spec import SiteSpec
 from ct200_tools.untrusted import show
 
 # The steps, their states and the textfile are bootsteps.py's, shared with the host's chain
-# (hostchain.py); they are this module's too.
+# (host/chain.py); they are this module's too.
 __all__ = [
     "BOOT_ID_PATH",
     "MANAGER_PROPERTIES",

@@ -20,6 +20,8 @@ from ct200_tools.spec.files import (
 )
 from ct200_tools.spec.model import (
     DEFAULT_SPEC_PATH,
+    MRRS_SIZES,
+    NVIDIA_CORE_NODES,
     SPEC_KEY,
     Engine,
     GpuSpec,
@@ -36,6 +38,7 @@ from ct200_tools.spec.model import (
     SpeculativeSpec,
     TuningSpec,
     model_to_dict,
+    mrrs_code,
     spec_to_dict,
 )
 from ct200_tools.spec.schema import validate
@@ -49,6 +52,8 @@ __all__ = [
     "MAX_BYTES",
     "MAX_NODES",
     "MODULES",
+    "MRRS_SIZES",
+    "NVIDIA_CORE_NODES",
     "SPEC_ENV",
     "SPEC_KEY",
     "Engine",
@@ -70,6 +75,7 @@ __all__ = [
     "format_size",
     "load_spec",
     "model_to_dict",
+    "mrrs_code",
     "parse_size",
     "spec_to_dict",
     "validate",

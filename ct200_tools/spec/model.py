@@ -21,6 +21,8 @@ Severity = Literal["error", "warning"]
 DEFAULT_SPEC_PATH: Final = "/etc/ct200/site.yml"
 #: The top-level key in YAML files and Ansible group_vars.
 SPEC_KEY: Final = "ct200_site"
+#: The NVIDIA nodes every container with GPUs needs besides one /dev/nvidiaN per GPU.
+NVIDIA_CORE_NODES: Final = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 #: Marks a field that holds bytes: its plain form is written with a unit (1200G), as a spec must.
 SIZE: Final = {"size": True}
 
@@ -74,11 +76,29 @@ class GpuSpec:
                 return node
         return None
 
+    @property
+    def device_nodes(self) -> tuple[str, ...]:
+        """The host's nodes the container is given: one per GPU, then the control and UVM nodes
+        (host_devices checks them at boot, lxc_passthrough passes them: ct200_validated)."""
+        return (*(f"/dev/nvidia{i}" for i in range(self.count)), *NVIDIA_CORE_NODES)
+
+
+#: The PCIe Max Read Request Sizes a spec may ask for, in bytes; each one's index is its code in
+#: bits 14:12 of the Device Control register (log2(bytes/128)). The one table: the schema's
+#: choices, the doctor's fix (checks/tune.py) and the host's boot script (roles/host_tuning
+#: renders it in from ct200_validated.mrrs) all read it.
+MRRS_SIZES: Final = tuple(128 << code for code in range(6))
+
+
+def mrrs_code(size: int) -> int:
+    """The Device Control code of an MRRS size of MRRS_SIZES (ValueError for another)."""
+    return MRRS_SIZES.index(size)
+
 
 @dataclass(frozen=True)
 class TuningSpec:
     numa_balancing: int | None = 0
-    #: Bytes (128..4096, a power of two); None: not managed.
+    #: Bytes, one of MRRS_SIZES; None: not managed.
     pcie_max_read_request: int | None = None
 
 

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Final
 
 from ct200_tools.spec.model import (
+    MRRS_SIZES,
     GpuSpec,
     ModelSpec,
     Passthrough,
@@ -164,7 +165,7 @@ def read_tuning(root: Section) -> TuningSpec:
     if "numa_balancing" not in tuning.data:
         balancing = 0
     mrrs = tuning.get_int(
-        "pcie_max_read_request", 128, 4096, choices=(128, 256, 512, 1024, 2048, 4096), nullable=True
+        "pcie_max_read_request", MRRS_SIZES[0], MRRS_SIZES[-1], choices=MRRS_SIZES, nullable=True
     )
     return TuningSpec(balancing, mrrs)
 

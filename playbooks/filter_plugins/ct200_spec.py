@@ -6,6 +6,14 @@ Valid: one mapping for the play to export to the other plays:
   site           the canonical spec (every field, sizes with their unit), as spec_to_dict writes it
   needed_models  the models to stage, in spec order: SiteSpec.needed_models(), each as under models
   warnings       the spec's warnings, one line each
+  units          every unit the project installs (ct200_tools.units), keyed by step: name, role,
+                 boot order, the spec field that turns it on and whether this spec does
+  host_chain     the host's boot units this spec installs, in start order: [{name, unit}]
+  device_nodes   the host's nodes the container is given (GpuSpec.device_nodes)
+  mrrs           the PCIe MRRS sizes and their Device Control codes: [{bytes, code}]
+  paths          where ct200-tools reads and writes on the machines, as its code names them:
+                 spec (/etc/ct200/site.yml), serving (serving.json), textfile and host_textfile
+                 (the boot reports)
 Invalid: the task fails with every issue (path, message, fix), one a line; no ct200_site (null):
 with where to put it.
 """
@@ -17,7 +25,20 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from ct200_tools.spec import MAX_BYTES, SpecError, model_to_dict, spec_to_dict, validate
+from ct200_tools import units
+from ct200_tools.host import chain as hostchain
+from ct200_tools.serve import chain
+from ct200_tools.serve.serving import STATE_PATH
+from ct200_tools.spec import (
+    DEFAULT_SPEC_PATH,
+    MAX_BYTES,
+    MRRS_SIZES,
+    SpecError,
+    model_to_dict,
+    mrrs_code,
+    spec_to_dict,
+    validate,
+)
 
 SOURCE = "inventory ct200_site"
 NO_SPEC = (
@@ -53,6 +74,16 @@ def ct200_validate_spec(text: object) -> dict[str, Any]:
         "site": spec_to_dict(spec),
         "needed_models": [model_to_dict(m) for m in spec.needed_models()],
         "warnings": [str(w) for w in spec.warnings],
+        "units": units.export(spec),
+        "host_chain": units.host_chain(spec),
+        "device_nodes": list(spec.gpus.device_nodes),
+        "mrrs": [{"bytes": size, "code": mrrs_code(size)} for size in MRRS_SIZES],
+        "paths": {
+            "spec": DEFAULT_SPEC_PATH,
+            "serving": STATE_PATH,
+            "textfile": chain.TEXTFILE,
+            "host_textfile": hostchain.TEXTFILE,
+        },
     }
 
 

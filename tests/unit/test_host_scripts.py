@@ -1,5 +1,7 @@
 """The boot scripts the host roles install (ct200-pcie-tune, ct200-host-devices), run for real
 against a PCI tree built from the H200 recording (tests/fixtures/raw/h200) with GPUs in it.
+ct200-pcie-tune is the role's template, rendered by real ansible-playbook after the validate play
+(its sizes and codes come from ct200_validated.mrrs, i.e. ct200_tools.spec.MRRS_SIZES).
 
 No GPU exists here, and the GPU machine's config space must never be written, so the masked
 MRRS write is checked against a STAND-IN for setpci (below) that reads and writes the recorded
@@ -10,19 +12,23 @@ only record their calls. The scripts find the tree through CT200_SYSFS_PCI.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ct200_tools.doctor.probes.pci import PCI_CAP_ID_EXP, find_capability, parse_devctl
+from ct200_tools.spec import MRRS_SIZES
 
 ROOT = Path(__file__).resolve().parents[2]
-PCIE_TUNE = ROOT / "roles/host_tuning/files/ct200-pcie-tune"
+PCIE_TUNE_TEMPLATE = ROOT / "roles/host_tuning/templates/ct200-pcie-tune.j2"
+PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 HOST_DEVICES = ROOT / "roles/host_devices/files/ct200-host-devices"
 RECORDED = bytes.fromhex((ROOT / "tests/fixtures/raw/h200/pcicfg_0000_00_06.0.hex").read_text())
 GPU, GPU2, AUDIO, BRIDGE, NIC = (
@@ -156,9 +162,55 @@ def tree(tmp_path: Path) -> Tree:
     return Tree(tmp_path)
 
 
-def test_check_reports_drift_and_writes_nothing(tree: Tree) -> None:
+@pytest.fixture(scope="module")
+def pcie_tune(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """ct200-pcie-tune as roles/host_tuning installs it: its template rendered by ansible-playbook
+    with the role's vars, after the validate play of the example inventory."""
+    if not PLAYBOOK.exists():
+        pytest.skip("ansible-playbook not installed")
+    work = tmp_path_factory.mktemp("pcie-tune")
+    script = work / "ct200-pcie-tune"
+    plays = [
+        {
+            "name": "Validate",
+            "ansible.builtin.import_playbook": str(ROOT / "playbooks/validate.yml"),
+        },
+        {
+            "name": "Render the MRRS script",
+            "hosts": "localhost",
+            "connection": "local",
+            "gather_facts": False,
+            "vars_files": [str(ROOT / "roles/host_tuning/vars/main.yml")],
+            "tasks": [
+                {
+                    "name": "Render it",
+                    "ansible.builtin.template": {
+                        "src": str(PCIE_TUNE_TEMPLATE),
+                        "dest": str(script),
+                        "mode": "0755",
+                    },
+                }
+            ],
+        },
+    ]
+    (work / "play.yml").write_text(json.dumps(plays))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    proc = subprocess.run(
+        [str(PLAYBOOK), "-i", str(ROOT / "inventory/ct200"), str(work / "play.yml")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        cwd=ROOT,
+        env={**env, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_RETRY_FILES_ENABLED": "0"},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    yield script
+
+
+def test_check_reports_drift_and_writes_nothing(tree: Tree, pcie_tune: Path) -> None:
     before = {b: tree.config(b) for b in (GPU, GPU2, AUDIO, BRIDGE, NIC)}
-    proc = tree.run(PCIE_TUNE, "--check", "4096")
+    proc = tree.run(pcie_tune, "--check", "4096")
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert f"{GPU}: MRRS 512, wanted 4096 (Device Control {RESET:04x})" in proc.stdout
     assert f"not set on {GPU} {GPU2}" in proc.stdout or f"not set on {GPU2} {GPU}" in proc.stdout
@@ -166,8 +218,8 @@ def test_check_reports_drift_and_writes_nothing(tree: Tree) -> None:
     assert all("=" not in call for call in tree.log("setpci.log"))
 
 
-def test_masked_write_sets_mrrs_and_nothing_else(tree: Tree) -> None:
-    proc = tree.run(PCIE_TUNE, "4096")
+def test_masked_write_sets_mrrs_and_nothing_else(tree: Tree, pcie_tune: Path) -> None:
+    proc = tree.run(pcie_tune, "4096")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     writes = [c for c in tree.log("setpci.log") if "=" in c]
     assert sorted(writes) == sorted(f"-s {b} CAP_EXP+8.w=5000:7000" for b in (GPU, GPU2))
@@ -182,12 +234,12 @@ def test_masked_write_sets_mrrs_and_nothing_else(tree: Tree) -> None:
     # Not the audio function, not the bridge (no --bridges), not the NIC.
     assert tree.config(AUDIO) == RECORDED and tree.config(NIC) == RECORDED
     assert "MRRS 4096 on 2 function(s)" in proc.stdout
-    again = tree.run(PCIE_TUNE, "--check", "4096")
+    again = tree.run(pcie_tune, "--check", "4096")
     assert again.returncode == 0, again.stdout
 
 
-def test_smaller_value_and_bridges(tree: Tree) -> None:
-    proc = tree.run(PCIE_TUNE, "--bridges", "1024")
+def test_smaller_value_and_bridges(tree: Tree, pcie_tune: Path) -> None:
+    proc = tree.run(pcie_tune, "--bridges", "1024")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for bdf in (GPU, GPU2, BRIDGE):
         ctl = parse_devctl(tree.config(bdf))
@@ -196,25 +248,38 @@ def test_smaller_value_and_bridges(tree: Tree) -> None:
     assert tree.config(NIC) == RECORDED
 
 
+def test_every_size_of_the_spec_is_the_scripts_with_its_code(tree: Tree, pcie_tune: Path) -> None:
+    """The script's table is the spec's (MRRS_SIZES, index = code), rendered in: each size is
+    accepted and written with its own code; the usage line lists exactly those sizes."""
+    for code, size in enumerate(MRRS_SIZES):
+        proc = tree.run(pcie_tune, str(size))
+        assert proc.returncode == 0, (size, proc.stdout + proc.stderr)
+        assert f"-s {GPU} CAP_EXP+8.w={code}000:7000" in tree.log("setpci.log"), size
+        ctl = parse_devctl(tree.config(GPU))
+        assert ctl is not None and ctl.max_read_request == size
+    usage = tree.run(pcie_tune, "x").stderr
+    assert f"BYTES ({', '.join(map(str, MRRS_SIZES))})" in usage, usage
+
+
 @pytest.mark.parametrize("bad", ["4097", "64", "8192", "x"])
-def test_bad_size_is_a_usage_error(tree: Tree, bad: str) -> None:
-    proc = tree.run(PCIE_TUNE, bad)
+def test_bad_size_is_a_usage_error(tree: Tree, pcie_tune: Path, bad: str) -> None:
+    proc = tree.run(pcie_tune, bad)
     assert proc.returncode == 2 and "usage:" in proc.stderr
     assert not tree.log("setpci.log")
 
 
-def test_no_gpu_says_so_and_exits_0(tmp_path: Path) -> None:
+def test_no_gpu_says_so_and_exits_0(tmp_path: Path, pcie_tune: Path) -> None:
     t = Tree(tmp_path, gpus=False)
-    for script, args in ((PCIE_TUNE, ["4096"]), (HOST_DEVICES, ["--", "/dev/nvidia0"])):
+    for script, args in ((pcie_tune, ["4096"]), (HOST_DEVICES, ["--", "/dev/nvidia0"])):
         proc = t.run(script, *args)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "no NVIDIA GPU on the PCI bus" in proc.stdout
     assert not t.log("calls.log")
 
 
-def test_missing_setpci_is_named(tmp_path: Path) -> None:
+def test_missing_setpci_is_named(tmp_path: Path, pcie_tune: Path) -> None:
     t = Tree(tmp_path, setpci=False)
-    proc = t.run(PCIE_TUNE, "4096")
+    proc = t.run(pcie_tune, "4096")
     assert proc.returncode == 1 and "install pciutils" in proc.stdout
 
 

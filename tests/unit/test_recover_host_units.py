@@ -1,7 +1,8 @@
 """roles/recover's host boot units follow the spec as roles/host_boot_report's steps do: a site
 whose spec does not manage PCIe MRRS has no ct200-pcie-tune.service (host_tuning removes it), so
 recover.yml must not `systemctl enable --now` it (that fails: the unit does not exist).
-Real ansible-playbook on localhost, reading the role's own defaults."""
+Real ansible-playbook on localhost: the validate play, then the roles' own defaults, which read
+the host chain it exports (ct200_tools/units.py), not the raw ct200_site."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.spec_helpers import changed
+
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 
@@ -23,6 +26,10 @@ def host_units(tmp_path: Path, site: dict[str, object]) -> tuple[list[str], list
     """(recover_host_units, the units of host_boot_report_steps) for this ct200_site."""
     out = tmp_path / "out.json"
     play = [
+        {
+            "name": "Validate",
+            "ansible.builtin.import_playbook": str(REPO / "playbooks/validate.yml"),
+        },
         {
             "hosts": "localhost",
             "connection": "local",
@@ -42,7 +49,7 @@ def host_units(tmp_path: Path, site: dict[str, object]) -> tuple[list[str], list
                     },
                 }
             ],
-        }
+        },
     ]
     (tmp_path / "play.yml").write_text(json.dumps(play))
     (tmp_path / "vars.json").write_text(
@@ -77,6 +84,7 @@ def host_units(tmp_path: Path, site: dict[str, object]) -> tuple[list[str], list
 def test_recover_starts_only_the_host_units_the_spec_installs(
     tmp_path: Path, tuning: dict[str, object], units: list[str]
 ) -> None:
-    recover, report = host_units(tmp_path, {"pve": {"vmid": 200}, "tuning": tuning})
+    site = changed({"tuning": tuning})
+    recover, report = host_units(tmp_path, site)
     assert report == units
     assert recover == units

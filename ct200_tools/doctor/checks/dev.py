@@ -22,8 +22,9 @@ from ct200_tools.doctor.checks.base import (
     skipped,
 )
 from ct200_tools.facts import DevNode
+from ct200_tools.spec import NVIDIA_CORE_NODES
 
-CORE = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+CORE = NVIDIA_CORE_NODES
 _GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")
 
 

@@ -26,10 +26,11 @@ from ct200_tools.doctor.checks.base import (
 from ct200_tools.doctor.checks.tune import judge_mrrs, judge_numa_balancing
 from ct200_tools.doctor.probes.pci import ACS_REDIRECT
 from ct200_tools.facts import HostFacts
+from ct200_tools.units import HOST_DEVICES
 
 #: Why a host check skipped: the host was not read.
 NO_HOST = "the PVE host was not read: run `ct200-doctor check --host HOST` (`--host local` on it)"
-HOST_DEVICES_UNIT = "ct200-host-devices.service"
+HOST_DEVICES_UNIT = HOST_DEVICES.name()
 #: Debian's (and PVE's) kernel command line for GRUB, read by update-grub.
 GRUB_DEFAULTS = "/etc/default/grub"
 
@@ -71,8 +72,9 @@ def modules_fix(ctx: Context, uvm_only: bool) -> Remedy:
 
 def expected_host_nodes(ctx: Context, h: HostFacts) -> list[str]:
     """The nodes the container is given: one per GPU of the spec (else of the host's PCI bus)."""
-    n = ctx.spec.gpus.count if ctx.spec is not None else len(h.pci or ())
-    return [*(f"/dev/nvidia{i}" for i in range(n)), *dev.CORE]
+    if ctx.spec is not None:
+        return list(ctx.spec.gpus.device_nodes)
+    return [*(f"/dev/nvidia{i}" for i in range(len(h.pci or ()))), *dev.CORE]
 
 
 @check(

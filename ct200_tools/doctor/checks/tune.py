@@ -14,11 +14,11 @@ from ct200_tools.doctor.checks.base import (
     skipped,
 )
 from ct200_tools.facts import KernelFacts, PciFacts
+from ct200_tools.spec import mrrs_code
+from ct200_tools.units import PCIE_TUNE
 
 #: The file roles/host_tuning persists the sysctl in (host_tuning_sysctl_file).
 SYSCTL_FILE = "/etc/sysctl.d/60-ct200.conf"
-#: Device Control bits 14:12 hold log2(MRRS/128).
-MRRS_CODE = {128: 0, 256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
 
 
 @check(
@@ -99,12 +99,12 @@ def judge_mrrs(
     evidence = [f"{p.bdf}: MRRS {p.max_read_request} MPS {p.max_payload}" for p in pci]
     if not wrong:
         return passed(f"MRRS {want} on every readable GPU", *evidence)
-    code = MRRS_CODE[want]
+    code = mrrs_code(want)
     return failed(
         f"MRRS is not {want} on {plural(len(wrong), 'GPU')} "
         "(config space resets at reboot and GPU reset)",
         Remedy(
-            "re-apply with a masked write at boot (ct200-pcie-tune.service does this)",
+            f"re-apply with a masked write at boot ({PCIE_TUNE.name()} does this)",
             where,
             "\n".join(f"setpci -s {p.bdf} CAP_EXP+8.w={code}000:7000" for p in wrong),
             "host_tuning",

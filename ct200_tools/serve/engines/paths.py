@@ -7,25 +7,26 @@ from __future__ import annotations
 
 from typing import Final
 
-UNIT_PREFIX: Final = "ct200-server-"
-STAGE_UNIT_PREFIX: Final = "ct200-stage@"
+from ct200_tools.units import SERVER, STAGE
+
+# Their names are the project's unit list's (units.py).
+UNIT_PREFIX: Final = SERVER.prefix
+STAGE_UNIT_PREFIX: Final = STAGE.prefix
 CONFIG_DIR: Final = "/etc/ct200/servers"
 CACHE_ROOT: Final = "/var/cache/ct200/servers"
 
 
 def unit_name(name: str) -> str:
-    return f"{UNIT_PREFIX}{name}.service"
+    return SERVER.name(name)
 
 
 def server_of_unit(unit: str) -> str | None:
     """The server a unit name belongs to, or None for any other unit."""
-    if unit.startswith(UNIT_PREFIX) and unit.endswith(".service"):
-        return unit.removeprefix(UNIT_PREFIX).removesuffix(".service") or None
-    return None
+    return SERVER.instance(unit)
 
 
 def stage_unit(model: str) -> str:
-    return f"{STAGE_UNIT_PREFIX}{model}.service"
+    return STAGE.name(model)
 
 
 def env_path(name: str) -> str:

@@ -1,5 +1,6 @@
 """ct200_serving_set: the serving set of a target, by ct200_tools.serve.serving (the same code as
-ct200-serve and the doctor), from the base64 content of its serving.json (or none) and the spec.
+ct200-serve and the doctor), from the base64 content of its serving.json (or none) and the spec
+(the validated one, ct200_validated.site).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from ct200_tools.serve.render import site_of
 from ct200_tools.serve.serving import ServingError, parse, serving_set
 
 
-def ct200_serving_set(content: str | None, ct200_site: dict[str, Any]) -> dict[str, Any]:
-    site = site_of(ct200_site)
+def ct200_serving_set(content: str | None, validated_site: dict[str, Any]) -> dict[str, Any]:
+    site = site_of(validated_site)
     try:
         state = None if content is None else parse(base64.b64decode(content).decode("utf-8"))
     except (ServingError, UnicodeDecodeError, ValueError) as exc:
