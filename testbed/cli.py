@@ -245,7 +245,9 @@ def ssh_cmd(ctx: click.Context, slot: int, name: str, command: tuple[str, ...]) 
                 + (f" (there are: {', '.join(found)})" if found else " (the slot is down)"),
                 fix="`python -m testbed up` first" if not found else "",
             )
-        args = ssh.argv(h.slot, found[name].address, command, tty=None if not command else False)
+        # As ssh: the words joined by spaces, run by the remote shell (`-- 'a; b'` runs both).
+        tty = None if not command else False
+        args = ssh.argv(h.slot, found[name].address, command, tty=tty, as_ssh=True)
         sys.stdout.flush()
         os.execvp(args[0], args)  # noqa: S606 (argv list, replaces this process)
 

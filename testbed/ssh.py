@@ -43,11 +43,17 @@ def options(slot: Slot) -> list[str]:
 
 
 def argv(
-    slot: Slot, address: str, command: Sequence[str] = (), tty: bool | None = False
+    slot: Slot,
+    address: str,
+    command: Sequence[str] = (),
+    tty: bool | None = False,
+    as_ssh: bool = False,
 ) -> list[str]:
     """ssh argv for ``command`` on the machine; the remote shell gets it quoted, word by word.
 
     ``tty``: True forces a terminal, False refuses one, None leaves it to ssh (interactive use).
+    ``as_ssh``: the words joined by spaces, unquoted, as ssh itself does, so the remote shell
+    parses them (`ssh ct -- 'a; b'` runs a, then b): for people at `python -m testbed ssh`.
     """
     args = ["ssh", "-F", "/dev/null", "-i", str(slot.key), *options(slot)]
     args += ["-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR"]
@@ -55,7 +61,7 @@ def argv(
         args += ["-t"] if tty else ["-T"]
     args += ["-p", str(SSH_PORT), f"root@{address}"]
     if command:
-        args += ["--", shlex.join(command)]
+        args += ["--", " ".join(command) if as_ssh else shlex.join(command)]
     return args
 
 
