@@ -24,6 +24,7 @@ from ct200_tools.checks.base import plural
 from ct200_tools.cli.options import internal_error, spec_option
 from ct200_tools.facts import Facts, FactsFormatError
 from ct200_tools.fsutil import write_atomic
+from ct200_tools.provisioned import installed_spec_fix
 from ct200_tools.report import (
     Exit,
     Header,
@@ -596,6 +597,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         click.echo(f"ct200-doctor: {exc}", err=True)
         for issue in exc.issues:
             click.echo(f"  error: {issue}", err=True)
+        fix = installed_spec_fix(exc.source)
+        if fix:
+            click.echo(f"  fix: {fix}", err=True)
         sys.exit(Exit.FAILURES)
     except DoctorError as exc:
         click.echo(f"ct200-doctor: {exc}", err=True)

@@ -14,6 +14,7 @@ import click
 
 from ct200_tools import __version__
 from ct200_tools.cli.options import internal_error, spec_option
+from ct200_tools.provisioned import installed_spec_fix
 from ct200_tools.serve.systemd import SystemdError
 from ct200_tools.serving import ServingError
 from ct200_tools.spec import ServerSpec, SiteSpec, SpecError
@@ -489,7 +490,15 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             Exit.BAD_INPUT,
         )
     except SpecError as exc:
-        _fail([f"ct200-serve: {exc}", *(f"  error: {i}" for i in exc.issues)], Exit.BAD_INPUT)
+        fix = installed_spec_fix(exc.source)
+        _fail(
+            [
+                f"ct200-serve: {exc}",
+                *(f"  error: {i}" for i in exc.issues),
+                *([f"  fix: {fix}"] if fix else []),
+            ],
+            Exit.BAD_INPUT,
+        )
     except SystemdError as exc:
         _fail([f"ct200-serve: {exc}", "  fix: run it where systemd runs, as root"], Exit.BAD_INPUT)
     except OSError as exc:
