@@ -28,6 +28,7 @@ from ct200_tools.bootsteps import (
     MANAGER_PROPERTIES,
     OK,
     STATES,
+    STOPPED_AFTER_RUNNING,
     TEXTFILE_DIR,
     UNIT_PROPERTIES,
     Chain,
@@ -188,6 +189,11 @@ def fix_of(step: Step) -> str:
             f"`journalctl -u {step.unit}` says why; `ct200-doctor check` (models.staged) names "
             f"the model; restore its persistent copy, then `systemctl reset-failed {step.unit} "
             f"&& systemctl start {step.unit}`, or {recover}"
+        )
+    if step.state == "off" and STOPPED_AFTER_RUNNING in step.detail:
+        return (
+            f"it was stopped (systemctl stop, by hand or by a tool): `systemctl start "
+            f"{step.unit}`, or {recover}"
         )
     if step.state == "off":
         return f"not started at boot: `systemctl enable --now {step.unit}`, or {recover}"

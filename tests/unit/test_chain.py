@@ -123,6 +123,22 @@ def test_a_unit_not_started_is_off() -> None:
     assert got.stopped.started_s is None
 
 
+def test_a_server_stopped_after_it_ran_is_named_stopped_with_a_start_fix() -> None:
+    """Not "not started at boot" with `enable --now` (issue 19's fault matrix: it is enabled,
+    it ran, someone stopped it)."""
+    got = build(GOOD[0], block("ct200-server-tiny.service", "inactive", "dead", 2.5, 0))
+    assert got.stopped is not None and got.stopped.state == "off"
+    assert got.stopped.detail == "inactive (dead), stopped after it ran at this boot"
+    fix = ch.fix_of(got.stopped)
+    assert fix.startswith(
+        "it was stopped (systemctl stop, by hand or by a tool): `systemctl "
+        "start ct200-server-tiny.service`"
+    ), fix
+    never = build(GOOD[0], block("ct200-server-tiny.service", "inactive", "dead", 0, 0))
+    assert never.stopped is not None
+    assert "not started at boot" in ch.fix_of(never.stopped)
+
+
 def test_timestamps_of_an_earlier_boot_are_not_this_boot() -> None:
     old = block("ct200-stage@tiny-a.service", "active", "exited", 0, 0)
     old = old.replace("ActiveEnterTimestampMonotonic=0", "ActiveEnterTimestampMonotonic=5")
