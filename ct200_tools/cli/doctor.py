@@ -29,12 +29,14 @@ from ct200_tools.report import (
     Exit,
     Header,
     exit_code,
+    gate_verdict,
     render_gate,
     render_json,
     render_prometheus,
     render_text,
 )
 from ct200_tools.scope import Scope, UnknownServerError
+from ct200_tools.serve import notify
 from ct200_tools.spec import SiteSpec, SpecError, find_spec, load_spec
 from ct200_tools.warmup import DEFAULT_MODE as DEFAULT_CUDA_MODE
 from ct200_tools.warmup import MODES as CUDA_MODES
@@ -426,6 +428,9 @@ def gate(name: str, spec_path: str | None, timeout: float | None) -> None:
     findings, code = list(result.findings), result.code
     head = Header(result.facts, source, tuple(str(w) for w in spec.warnings))
     _emit(render_gate(findings, head, name, code))
+    # The unit's status line says the verdict (its ExecStartPre; NotifyAccess=exec), so
+    # `systemctl status` of a server the gate stopped does not keep "preflight passed; starting".
+    notify.status(gate_verdict(findings, name, code).removeprefix("ct200-doctor "))
     _exit(code)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -230,6 +231,39 @@ def test_gate_cli_no_go_names_the_root_first_and_last() -> None:
     assert lines[0].startswith("ct200-doctor gate llama: no-go: driver.module: ")
     assert "fix on this machine: lspci -nn -d 10de:" in lines[0]
     assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_gate_cli_sets_the_units_status_line_to_its_verdict(tmp_path: Path) -> None:
+    """Run as the unit's ExecStartPre (NOTIFY_SOCKET set, NotifyAccess=exec), the gate's
+    verdict becomes the status line `systemctl status` shows: a server the gate stopped no
+    longer shows the preflight's "preflight passed; starting" (issue 19's fault matrix, a
+    taken port). A real datagram socket stands in for systemd's."""
+    import socket  # noqa: PLC0415
+
+    address = str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(address)
+        sock.settimeout(30)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ct200_tools.cli.entry",
+                "gate",
+                "llama",
+                "--spec",
+                str(sf.LLAMA_SPEC),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+            cwd=ROOT,
+            env={**os.environ, "NOTIFY_SOCKET": address},
+        )
+        assert r.returncode == Exit.FAILURES, r.stdout + r.stderr
+        got = sock.recv(4096).decode()
+    assert got.startswith("STATUS=gate llama: no-go: driver.module: "), got
 
 
 @pytest.mark.parametrize(
