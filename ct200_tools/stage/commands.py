@@ -129,11 +129,13 @@ def stage_model(
     progress: ProgressSink,
 ) -> CommandResult:
     reserve_bytes = _size(reserve) if reserve is not None else None
+    shm_size = None
     if len(target) == 1:
         model, spec = _model_from_spec(target[0], spec_path)
         source, dst, name = model.source, model.staged, name or model.name
         if reserve_bytes is None:
             reserve_bytes = spec.shm.reserve_ram
+        shm_size = spec.shm.size
     else:
         source, dst = target
         name = name or os.path.basename(os.path.realpath(source))
@@ -144,6 +146,7 @@ def stage_model(
         replace=replace,
         wait=wait,
         create_manifest=create_manifest,
+        shm_size=shm_size,
     )
     result = stage(
         source,
