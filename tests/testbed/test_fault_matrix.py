@@ -27,12 +27,20 @@ Boots (each a real power cycle: /dev/shm and /run start empty, systemd boots ane
 4. the container, with /dev/shm too small for the models (its fstab line shrunk).
 5. the container, with nothing enabled to serve (an empty serving set).
 
-Which commit made each row hold (the defect it guards against; issue 19's list): the stale
-green textfile of an unparsable spec (74aa445); the damaged staged copy the stage refused to
-repair and a same-size change served (30be040, 8308c66); three good restarts after crashes
-leaving a server down (378dd58); the recover.yml command without `-i` (7909587); the
-empty set said serving (74aa445, 2eada2a); site.yml's missing reset-failed (8308c66); the
-rows fixed on this branch say so in their test.
+Which defect each row guards against, and the commit that fixed it (older main fails there):
+unparsable spec: the stale green textfile (74aa445), no fix that writes the spec again and
+recover.yml not repairing it (this branch: 4344d66, 73b25f4); persistent copy missing: the
+recover.yml command without -i (7909587); staged copy truncated / changed at the same size:
+the refused or "already staged" restage and the same-size change served (30be040, 8308c66);
+engine killed three times: three good restarts leaving it down (378dd58), `systemctl status`
+saying "serving" in the restart delay (this branch: 15fd5d7); port taken: the status line kept
+"preflight passed; starting" (fa27ee7); server stopped by hand: named "not started at boot"
+(41be238); host boot unit disabled / failing: the fix with INVENTORY and HOST to fill in
+(bf9faa5); /dev/shm too small: no whole fix and recover.yml not repairing it (7413e3c,
+73b25f4); nothing enabled: said serving, exit 0 (74aa445, 2eada2a).
+
+Time: a provisioning site.yml, two reboots of both machines, four of the container, seven
+recover.yml runs; about 22 minutes on a 2-core machine under load (see the report).
 """
 
 from __future__ import annotations
