@@ -78,7 +78,14 @@ def test_gate_selection_with_and_without_gpus() -> None:
         "server.port_free",
         "server.quant",
     ]
-    assert needed_facts(gate_checks(none)) == {"models", "serving", "servers", "kernel"}
+    # memory: mem.shm may be the root cause of a model not staged (a /dev/shm too small).
+    assert needed_facts(gate_checks(none)) == {
+        "models",
+        "serving",
+        "servers",
+        "kernel",
+        "memory",
+    }
     assert "cuda" in needed_facts(gate_checks(gpu))
     assert BY_ID["tune.numa_balancing"] in for_scope([BY_ID["tune.numa_balancing"]], none)
 
@@ -196,7 +203,13 @@ def test_gate_of_a_server_without_gpus_runs_what_applies(tmp_path: Path) -> None
     assert got["server.port_free"].status == "pass"
     assert got["server.quant"].caused_by == "models.staged"
     assert result.facts.cuda is None and result.facts.unreadable["cuda"] == NOT_NEEDED
-    assert {p.name for p in result.facts.probes} == {"kernel", "models", "serving", "servers"}
+    assert {p.name for p in result.facts.probes} == {
+        "kernel",
+        "models",
+        "serving",
+        "servers",
+        "memory",
+    }
     (s,) = result.facts.servers or ()
     assert s.connected is None and s.unit is None  # a gate does not look at it serving
 
