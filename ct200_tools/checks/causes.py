@@ -353,7 +353,6 @@ CAUSES += (
 )
 
 
-
 def _a_model_absent(ctx: Context) -> bool:
     """A model has nothing staged at all (not a damaged copy): its stage could not write it."""
     return any(
