@@ -4,12 +4,15 @@ controller, it runs against this machine."""
 
 from __future__ import annotations
 
+import os
 import shlex
 from typing import Final
 
 from ct200_tools.untrusted import UntrustedInputError, load_json
 
 PROVISIONED: Final = "/etc/ct200/provisioned.json"
+#: The machine's copy of the site spec, which site.yml and recover.yml write from the inventory.
+INSTALLED_SPEC: Final = "/etc/ct200/site.yml"
 
 
 def playbook_command(playbook: str, *extra: str, path: str = PROVISIONED) -> str:
@@ -42,4 +45,19 @@ def playbook_command(playbook: str, *extra: str, path: str = PROVISIONED) -> str
         f"on the controller, in your ct200-tools checkout, `ansible-playbook -i INVENTORY "
         f"{playbook} --limit HOST{tail}` with the inventory and host that provisioned this "
         f"machine; it does not know them ({path} is missing or incomplete: site.yml records it)"
+    )
+
+
+def installed_spec_fix(
+    source: str, installed: str = INSTALLED_SPEC, path: str = PROVISIONED
+) -> str | None:
+    """For an unusable copy of the spec that the playbooks installed (``source`` is it): the
+    command that writes it again from the inventory; None for any other spec file, whose own
+    issues say what to edit. Editing the machine's copy by hand is not the fix: the next run
+    would replace it, and the inventory is the one source of truth."""
+    if not source or os.path.abspath(source) != os.path.abspath(installed):
+        return None
+    return (
+        f"{installed} is written from the inventory: correct the spec there if it is wrong, "
+        f"then write it again with {playbook_command('playbooks/recover.yml', path=path)}"
     )

@@ -54,6 +54,8 @@ def argv(
     reads `'a; b'` as two commands (what a person typing `python -m testbed ssh` expects).
 
     ``tty``: True forces a terminal, False refuses one, None leaves it to ssh (interactive use).
+    ``as_ssh``: the words joined by spaces, unquoted, as ssh itself does, so the remote shell
+    parses them (`ssh ct -- 'a; b'` runs a, then b): for people at `python -m testbed ssh`.
     """
     args = ["ssh", "-F", "/dev/null", "-i", str(slot.key), *options(slot)]
     args += ["-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR"]

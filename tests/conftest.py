@@ -68,8 +68,8 @@ def tier(item: pytest.Item) -> str:
 #: The testbed modules that share the session's testbed, in the order they run. The first one
 #: makes the shared converge (tests/testbed/conftest.py) on machines no playbook has run on; the
 #: modules after it layer on it and put back what they change (the host modules before the ones
-#: that start from a pristine pve). The two that push llama-server come last, so that its build
-#: overlaps the others. Modules not named (their own slots) run after these.
+#: that start from a pristine pve). The three that push llama-server come last, so that its
+#: build overlaps the others. Modules not named (their own slots) run after these.
 TESTBED_ORDER = (
     "test_testbed_playbooks",
     "test_host_roles",
@@ -81,6 +81,7 @@ TESTBED_ORDER = (
     "test_recovery",
     "test_servers",
     "test_bench_managed",
+    "test_fault_matrix",
 )
 
 

@@ -26,6 +26,7 @@ from ct200_tools.doctor.report import (
     Exit,
     Header,
     exit_code,
+    gate_verdict,
     render_gate,
     render_json,
     render_prometheus,
@@ -36,6 +37,8 @@ from ct200_tools.doctor.warmup import DEFAULT_MODE as DEFAULT_CUDA_MODE
 from ct200_tools.doctor.warmup import MODES as CUDA_MODES
 from ct200_tools.facts import Facts, FactsFormatError
 from ct200_tools.fsutil import write_atomic
+from ct200_tools.provisioned import installed_spec_fix
+from ct200_tools.serve import notify
 from ct200_tools.spec import SiteSpec, SpecError, find_spec, load_spec
 
 EPILOG = """\b
@@ -425,6 +428,9 @@ def gate(name: str, spec_path: str | None, timeout: float | None) -> None:
     findings, code = list(result.findings), result.code
     head = Header(result.facts, source, tuple(str(w) for w in spec.warnings))
     _emit(render_gate(findings, head, name, code))
+    # The unit's status line says the verdict (its ExecStartPre; NotifyAccess=exec), so
+    # `systemctl status` of a server the gate stopped does not keep "preflight passed; starting".
+    notify.status(gate_verdict(findings, name, code).removeprefix("ct200-doctor "))
     _exit(code)
 
 
@@ -596,6 +602,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         click.echo(f"ct200-doctor: {exc}", err=True)
         for issue in exc.issues:
             click.echo(f"  error: {issue}", err=True)
+        fix = installed_spec_fix(exc.source)
+        if fix:
+            click.echo(f"  fix: {fix}", err=True)
         sys.exit(Exit.FAILURES)
     except DoctorError as exc:
         click.echo(f"ct200-doctor: {exc}", err=True)

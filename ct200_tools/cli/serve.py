@@ -14,6 +14,7 @@ import click
 
 from ct200_tools import __version__
 from ct200_tools.cli.options import internal_error, spec_option
+from ct200_tools.provisioned import installed_spec_fix
 from ct200_tools.serve.serving import ServingError
 from ct200_tools.serve.systemd import SystemdError
 from ct200_tools.spec import ServerSpec, SiteSpec, SpecError
@@ -324,6 +325,42 @@ def chain(
     sys.exit(Exit.OK if ok else Exit.FAILED)
 
 
+@cli.command(hidden=True)
+@click.argument("name", metavar="NAME")
+def stopped(name: str) -> None:
+    """The unit's ExecStopPost: once the engine of server NAME ended after it served, the
+    status line says so (it kept "serving: ..." through a crash's restart delay and after
+    `systemctl stop`). A start that failed keeps its own reason (preflight, gate, readiness)."""
+    import subprocess  # noqa: PLC0415
+
+    from ct200_tools.serve import engines, notify  # noqa: PLC0415
+
+    unit = engines.unit_name(name)
+    try:
+        was = subprocess.run(
+            [engines.SYSTEMCTL, "show", "--property=StatusText", "--value", unit],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        was = ""
+    if not was.startswith("serving:"):
+        sys.exit(Exit.OK)
+    # systemd's own words for how the main process ended (ExecStopPost's environment).
+    result = os.environ.get("SERVICE_RESULT", "")
+    how = " ".join(x for x in (os.environ.get("EXIT_CODE"), os.environ.get("EXIT_STATUS")) if x)
+    if result == "success":
+        notify.status(f"not serving: stopped ({how or 'systemctl stop'})")
+    else:
+        notify.status(
+            f"not serving: the engine ended ({result or 'unknown'}: {how or 'unknown'}); systemd "
+            f"restarts it after a failure, until its start limit; `journalctl -u {unit}` says why"
+        )
+    sys.exit(Exit.OK)
+
+
 def _unreadable_reason(exc: Exception) -> str:
     """The textfile's reason for a chain that could not be read: the first error, escaped."""
     from ct200_tools.untrusted import show  # noqa: PLC0415
@@ -488,7 +525,15 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             Exit.BAD_INPUT,
         )
     except SpecError as exc:
-        _fail([f"ct200-serve: {exc}", *(f"  error: {i}" for i in exc.issues)], Exit.BAD_INPUT)
+        fix = installed_spec_fix(exc.source)
+        _fail(
+            [
+                f"ct200-serve: {exc}",
+                *(f"  error: {i}" for i in exc.issues),
+                *([f"  fix: {fix}"] if fix else []),
+            ],
+            Exit.BAD_INPUT,
+        )
     except SystemdError as exc:
         _fail([f"ct200-serve: {exc}", "  fix: run it where systemd runs, as root"], Exit.BAD_INPUT)
     except OSError as exc:

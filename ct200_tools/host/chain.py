@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from ct200_tools.fsutil import write_atomic
+from ct200_tools.provisioned import PROVISIONED, playbook_command
 from ct200_tools.serve.bootsteps import (
     MANAGER_PROPERTIES,
     TEXTFILE_DIR,
@@ -89,16 +90,14 @@ def build(
     return Chain((), "", steps, boot_s, machine="host", boot_id=boot_id())
 
 
-def fix_of(step: Step) -> str:
+def fix_of(step: Step, record: str = PROVISIONED) -> str:
     """What to do on the host about the step where its chain stopped (docs/runbook.md, step 1).
-    Each command is whole between backquotes (valid shell, pasted literally); INVENTORY and HOST
-    are the controller's, which the host does not know."""
+    Each command is whole between backquotes (valid shell, pasted literally): the playbook
+    commands from the record of the inventory that provisioned this host (site.yml's host play
+    writes it too), else with what to fill in, said plainly."""
     unit = step.unit
+    recover = playbook_command("playbooks/recover.yml", "--tags", "recover_host", path=record)
     controller = "on the controller, in your ct200-tools checkout"
-    recover = (
-        f"{controller}, `ansible-playbook -i INVENTORY playbooks/recover.yml --tags recover_host "
-        "--limit HOST` with the inventory and host name that provisioned this host"
-    )
     if step.state == "masked":
         return (
             f"masked, so it cannot run at boot: `systemctl unmask {unit} && systemctl start {unit}`"
@@ -106,6 +105,9 @@ def fix_of(step: Step) -> str:
     if step.state == "starting":
         return "it is still starting: wait, then run `ct200-host-chain` again"
     if step.detail == "unit not-found":
+        installs = playbook_command("playbooks/host.yml", path=record)
+        if installs.startswith("`"):
+            return f"{unit} is not installed: {installs} installs it"
         return (
             f"{unit} is not installed: {controller}, `ansible-playbook -i INVENTORY "
             "playbooks/host.yml --limit HOST` installs it"

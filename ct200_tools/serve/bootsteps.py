@@ -43,6 +43,9 @@ MANAGER_PROPERTIES: Final = ("UserspaceTimestampMonotonic", "FinishTimestampMono
 OK: Final = "ok"
 STATES: Final = ("ok", "starting", "failed", "masked", "off")
 
+#: The detail of an "off" step whose unit ran at this boot and was stopped since.
+STOPPED_AFTER_RUNNING: Final = "stopped after it ran at this boot"
+
 _STATUS = re.compile(r"\bstatus=(\d+)")
 _ARGV = re.compile(r"\bargv\[\]=([^;]*)")
 
@@ -199,9 +202,12 @@ def step_of(kind: str, name: str, unit: str, props: Mapping[str, str], zero: int
         state = "failed"
     else:
         state = "off"
-        # Why it did not run at this boot: a disabled unit is not pulled in by its target.
+        # Why it does not run: it ran at this boot and was stopped (`systemctl stop`, by hand or
+        # by a tool), or it did not run: a disabled unit is not pulled in by its target.
         file_state = props.get("UnitFileState", "")
-        if file_state and file_state not in ("enabled", "enabled-runtime", "static"):
+        if since(props, "InactiveExitTimestampMonotonic", zero) is not None:
+            detail += f", {STOPPED_AFTER_RUNNING}"
+        elif file_state and file_state not in ("enabled", "enabled-runtime", "static"):
             detail += f", {file_state}"
     failed_at = failed_command(props) if kind == "server" and state == "failed" else ""
     return Step(

@@ -29,6 +29,7 @@ from ct200_tools.serve.bootsteps import (
     MANAGER_PROPERTIES,
     OK,
     STATES,
+    STOPPED_AFTER_RUNNING,
     TEXTFILE_DIR,
     UNIT_PROPERTIES,
     Chain,
@@ -184,10 +185,17 @@ def fix_of(step: Step) -> str:
     if step.state == "starting":
         return "it is still starting: wait, then run `ct200-serve chain` again"
     if step.kind == "stage":
+        # Its journal (above) names the cause and its fix: a missing persistent copy, a
+        # /dev/shm smaller than the spec says, no memory left.
         return (
-            f"`journalctl -u {step.unit}` says why; `ct200-doctor check` (models.staged) names "
-            f"the model; restore its persistent copy, then `systemctl reset-failed {step.unit} "
+            f"its journal (above; `journalctl -u {step.unit}`) says why; fix what it names (a "
+            f"missing persistent copy: restore it), then `systemctl reset-failed {step.unit} "
             f"&& systemctl start {step.unit}`, or {recover}"
+        )
+    if step.state == "off" and STOPPED_AFTER_RUNNING in step.detail:
+        return (
+            f"it was stopped (systemctl stop, by hand or by a tool): `systemctl start "
+            f"{step.unit}`, or {recover}"
         )
     if step.state == "off":
         return f"not started at boot: `systemctl enable --now {step.unit}`, or {recover}"

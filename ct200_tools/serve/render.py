@@ -118,6 +118,8 @@ def unit_fields(
         ),
         # Once it serves, its start limit and restart counter start again (see the template).
         "served": engines.exec_line([engines.SYSTEMCTL, "reset-failed", engines.unit_name(s.name)]),
+        # Once the engine ended after it served, the status line says so (see the template).
+        "stopped": engines.exec_line([f"{bin_dir}/ct200-serve", "stopped", s.name]),
         "start_timeout": engines.start_timeout(site, s),
         "start_timeout_default": s.start_timeout is None,
         "stop_timeout": engines.STOP_TIMEOUT,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -89,9 +90,10 @@ def now() -> str:
 
 
 def damaged_fix(path: str) -> str:
+    # The command in backquotes is whole (pasted, it repairs); NAME is for the reader to choose.
     return (
-        f"choose the serving set again with `ct200-serve switch NAME...` (it rewrites {path}), "
-        f"or remove {path} to serve the spec's enabled servers"
+        f"choose the serving set again with ct200-serve switch NAME... (it rewrites {path}), "
+        f"or `rm -f {shlex.quote(path)}` to serve the spec's enabled servers"
     )
 
 
@@ -198,7 +200,7 @@ def require_known(site: SiteSpec, chosen: ServingSet) -> ServingSet:
     raise ServingError(
         f"the serving set in {STATE_PATH} names only servers the site spec lacks: {names}",
         f"choose the set again from the spec's servers ({known}) with "
-        f"`ct200-serve switch NAME...`, or remove {STATE_PATH} to serve the spec's enabled "
+        f"ct200-serve switch NAME..., or `rm -f {STATE_PATH}` to serve the spec's enabled "
         "servers",
     )
 

@@ -39,6 +39,8 @@ class Capacity:
     reserve: int
     #: Free inodes; None where the filesystem has no fixed number (f_files == 0).
     inodes_free: int | None = None
+    #: The filesystem's size; None where it has no limit of its own (as fs_free).
+    fs_size: int | None = None
 
     @property
     def memory_backed(self) -> bool:
@@ -84,12 +86,16 @@ def measure(path: str, reserve: int = 0, proc: str = "/proc") -> Capacity:
     if fs_type in MEMORY_FS:
         memory = tuple(cgroup_limits(proc)) + tuple(_meminfo(proc))
     inodes = st.f_favail if st.f_files else None
-    return Capacity(anchor, fs_type, fs_free, memory, reserve, inodes)
+    size = st.f_blocks * st.f_frsize if fs_free is not None else None
+    return Capacity(anchor, fs_type, fs_free, memory, reserve, inodes, size)
 
 
-def require(cap: Capacity, needed: int, what: str, inodes: int = 0) -> None:
+def require(
+    cap: Capacity, needed: int, what: str, inodes: int = 0, grow_to: int | None = None
+) -> None:
     """Raise CapacityError naming every figure and the fix, unless `needed` bytes and `inodes`
-    files and directories fit."""
+    files and directories fit. ``grow_to``: the size the spec gives the tmpfs (shm.size), for a
+    fix that is a whole command when the tmpfs is smaller than that."""
     if cap.inodes_free is not None and inodes > cap.inodes_free:
         fix = f"free inodes on {cap.path} (remove files there) or stage elsewhere"
         if cap.memory_backed:
@@ -118,7 +124,17 @@ def require(cap: Capacity, needed: int, what: str, inodes: int = 0) -> None:
             details=tuple(lines),
         )
     short_fs = cap.fs_free is not None and cap.fs_free < needed
-    if short_fs and cap.memory_backed:
+    used = (cap.fs_size or 0) - (cap.fs_free or 0)
+    grows = grow_to is not None and grow_to > (cap.fs_size or 0) and grow_to - used >= needed
+    if short_fs and cap.memory_backed and grows:
+        # Smaller than the spec says (e.g. its fstab line lost the size): the spec's size is the
+        # repair, now; the fstab line makes it last (container.yml --tags container_shm).
+        fix = (
+            f"grow the tmpfs to the spec's shm.size: `mount -o remount,size={grow_to} "
+            f"{cap.path}`, then stage again; container.yml --tags container_shm (or recover.yml) "
+            "writes its fstab line for every boot"
+        )
+    elif short_fs and cap.memory_backed:
         fix = (
             f"grow the tmpfs (mount -o remount,size=... {cap.path}; the spec's shm.size) or free "
             "space in it (remove models no server uses)"

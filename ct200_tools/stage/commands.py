@@ -106,11 +106,13 @@ def make_manifest(source: str, o: ManifestCommand, progress: ProgressSink) -> Co
 
 def stage_model(target: Sequence[str], o: StageCommand, progress: ProgressSink) -> CommandResult:
     reserve_bytes = _size(o.reserve) if o.reserve is not None else None
+    shm_size = None
     if len(target) == 1:
         model, spec = _model_from_spec(target[0], o.spec_path)
         source, dst, name = model.source, model.staged, o.name or model.name
         if reserve_bytes is None:
             reserve_bytes = spec.shm.reserve_ram
+        shm_size = spec.shm.size
     else:
         source, dst = target
         name = o.name or os.path.basename(os.path.realpath(source))
@@ -121,6 +123,7 @@ def stage_model(target: Sequence[str], o: StageCommand, progress: ProgressSink) 
         replace=o.replace,
         wait=o.wait,
         create_manifest=o.create_manifest,
+        shm_size=shm_size,
     )
     result = stage(
         source,

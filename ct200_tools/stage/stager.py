@@ -66,6 +66,8 @@ class StageOptions:
     drop_cache: bool = True
     #: False only to measure what the engine's per-file write lock buys (benchmarks/stage).
     one_writer_per_file: bool = True
+    #: The spec's shm.size (bytes), for the fix when the tmpfs is smaller; None: not known.
+    shm_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,7 @@ def stage(
             _needed(files, manifest, dst),
             f"model {name}",
             _inodes(files),
+            opts.shm_size,
         )
 
     os.makedirs(os.path.dirname(dst), exist_ok=True)
@@ -173,7 +176,11 @@ class _Stage:
         cap = capacity.measure(self.dst, self.opts.reserve)
         todo = [f for f in self.files if f.path not in resume.files]
         capacity.require(
-            cap, _still_needed(todo, resume, self.manifest), f"model {self.name}", _inodes(todo)
+            cap,
+            _still_needed(todo, resume, self.manifest),
+            f"model {self.name}",
+            _inodes(todo),
+            self.opts.shm_size,
         )
         t0 = time.monotonic()
         mode = self._copy(todo, resume, sync_writes=not cap.memory_backed)

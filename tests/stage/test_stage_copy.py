@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -179,6 +180,29 @@ def test_too_small_tmpfs_is_refused_before_any_write(tmp_path: Path, small_tmpfs
     with pytest.raises(CapacityError, match="nothing was written"):
         _stage(src, Path("/dev/shm") / "ct200-never", tmp_path / "m.json", reserve=1 << 60)
     assert not Path("/dev/shm/ct200-never").exists()
+
+
+@needs_root
+def test_a_tmpfs_smaller_than_the_spec_says_prints_the_remount_to_paste(
+    tmp_path: Path, small_tmpfs: Path
+) -> None:
+    """/dev/shm smaller than the spec's shm.size (its fstab line shrunk: issue 19's fault
+    matrix): the fix is the whole command, pasted, with the spec's size; pasted here (on a real
+    tmpfs), the stage then succeeds. Without a size to grow to it says what to do, as before."""
+    src = make_model(tmp_path / "src")  # ~9 MB into a 4 MiB tmpfs
+    write_manifest(src, tmp_path / "m.json")
+    dst = small_tmpfs / "models" / "m"
+    with pytest.raises(CapacityError) as err:
+        _stage(src, dst, tmp_path / "m.json")
+    assert "remount,size=... " in err.value.fix
+    with pytest.raises(CapacityError) as err:
+        _stage(src, dst, tmp_path / "m.json", shm_size=32 << 20)
+    fix = err.value.fix
+    command = fix.split("`")[1]
+    assert command == f"mount -o remount,size={32 << 20} {small_tmpfs}", fix
+    subprocess.run(["bash", "-c", command], check=True, timeout=30)
+    _stage(src, dst, tmp_path / "m.json", shm_size=32 << 20)
+    assert tree_bytes(dst) == tree_bytes(src)
 
 
 def test_verify_and_status_catch_damage_in_the_staged_copy(tmp_path: Path, shm: Path) -> None:

@@ -75,10 +75,15 @@ class Bed:
     def push(self, name: str, src: Path, dest: str, mode: int = 0o644) -> None:
         self.harness.push(name, src, dest, mode)
 
-    def ansible(self, playbook: str, *args: str, timeout: float = 540) -> AnsibleRun:
+    def ansible(
+        self, playbook: str, *args: str, timeout: float = 540, inventory: Path | None = None
+    ) -> AnsibleRun:
+        """``inventory``: another inventory of these machines (e.g. one whose group_vars hold a
+        site of a test's own); default the testbed's."""
         self._runs += 1
         report_file = self.workdir / f"run-{self._runs}.json"
-        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(self.inventory), playbook, *args]
+        source = str(inventory or self.inventory)
+        argv = [str(VENV_BIN / "ansible-playbook"), "-i", source, playbook, *args]
         env = {
             **os.environ,
             "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",

@@ -172,6 +172,13 @@ def not_staged(f: Facts) -> Facts:
     return dataclasses.replace(f, models=models)
 
 
+def shm_too_small(f: Facts) -> Facts:
+    """derived: /dev/shm mounted at 64 KiB (its fstab line shrunk), far below the model."""
+    assert f.memory is not None
+    small = dataclasses.replace(f.memory, shm_size=64 << 10, shm_free=64 << 10)
+    return dataclasses.replace(f, memory=small)
+
+
 def no_engine(f: Facts) -> Facts:
     """derived: command[0] is not there (the llama-server build was removed)."""
     e = the_server(f).engine

@@ -261,6 +261,15 @@ CASES = {
         {"server.unit": "models.staged", "server.port": "models.staged"},
         sf.chain(sf.on_h200, sf.not_staged, sf.with_unit("fail")),
     ),
+    # /dev/shm too small (issue 19's fault matrix): restaging, models.staged's own fix, fails
+    # the same way; the remount is the one fix.
+    "derived-server-gate-shm-too-small": Case(
+        "llama-cpu-stopped",
+        "llama-cpu",
+        ("mem.shm",),
+        {"models.staged": "mem.shm", "server.unit": "mem.shm", "server.port": "mem.shm"},
+        sf.chain(sf.on_h200, sf.not_staged, sf.shm_too_small, sf.with_unit("fail")),
+    ),
     "derived-server-gate-no-engine": Case(
         "llama-cpu-stopped",
         "llama-cpu",

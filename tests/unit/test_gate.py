@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -77,7 +78,14 @@ def test_gate_selection_with_and_without_gpus() -> None:
         "server.port_free",
         "server.quant",
     ]
-    assert needed_facts(gate_checks(none)) == {"models", "serving", "servers", "kernel"}
+    # memory: mem.shm may be the root cause of a model not staged (a /dev/shm too small).
+    assert needed_facts(gate_checks(none)) == {
+        "models",
+        "serving",
+        "servers",
+        "kernel",
+        "memory",
+    }
     assert "cuda" in needed_facts(gate_checks(gpu))
     assert BY_ID["tune.numa_balancing"] in for_scope([BY_ID["tune.numa_balancing"]], none)
 
@@ -195,7 +203,13 @@ def test_gate_of_a_server_without_gpus_runs_what_applies(tmp_path: Path) -> None
     assert got["server.port_free"].status == "pass"
     assert got["server.quant"].caused_by == "models.staged"
     assert result.facts.cuda is None and result.facts.unreadable["cuda"] == NOT_NEEDED
-    assert {p.name for p in result.facts.probes} == {"kernel", "models", "serving", "servers"}
+    assert {p.name for p in result.facts.probes} == {
+        "kernel",
+        "models",
+        "serving",
+        "servers",
+        "memory",
+    }
     (s,) = result.facts.servers or ()
     assert s.connected is None and s.unit is None  # a gate does not look at it serving
 
@@ -230,6 +244,39 @@ def test_gate_cli_no_go_names_the_root_first_and_last() -> None:
     assert lines[0].startswith("ct200-doctor gate llama: no-go: driver.module: ")
     assert "fix on this machine: lspci -nn -d 10de:" in lines[0]
     assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_gate_cli_sets_the_units_status_line_to_its_verdict(tmp_path: Path) -> None:
+    """Run as the unit's ExecStartPre (NOTIFY_SOCKET set, NotifyAccess=exec), the gate's
+    verdict becomes the status line `systemctl status` shows: a server the gate stopped no
+    longer shows the preflight's "preflight passed; starting" (issue 19's fault matrix, a
+    taken port). A real datagram socket stands in for systemd's."""
+    import socket  # noqa: PLC0415
+
+    address = str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(address)
+        sock.settimeout(30)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ct200_tools.cli.entry",
+                "gate",
+                "llama",
+                "--spec",
+                str(sf.LLAMA_SPEC),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+            cwd=ROOT,
+            env={**os.environ, "NOTIFY_SOCKET": address},
+        )
+        assert r.returncode == Exit.FAILURES, r.stdout + r.stderr
+        got = sock.recv(4096).decode()
+    assert got.startswith("STATUS=gate llama: no-go: driver.module: "), got
 
 
 @pytest.mark.parametrize(

@@ -117,7 +117,7 @@ def test_a_disabled_unit_did_not_run_and_stops_the_chain_there() -> None:
         "fix: disabled, it did not run at this boot: "
         "`systemctl enable --now ct200-host-devices.service`"
     ) in out
-    assert "recover.yml --tags recover_host" in out
+    assert "playbooks/recover.yml --limit HOST --tags recover_host" in out
 
 
 def test_a_failed_unit_brings_this_boots_journal_and_its_fix() -> None:
@@ -422,3 +422,23 @@ def test_a_broken_run_still_rewrites_the_textfile_with_this_boots_id(tmp_path: P
     assert "ct200_boot_chain_ok 0" in text
     assert 'ct200_boot_chain_reason{reason="bad input: no --step given' in text
     assert f'ct200_boot_report_info{{machine="host",boot_id="{boot}"}} 1' in text
+
+
+def test_the_recover_command_is_whole_from_the_hosts_record(tmp_path: Path) -> None:
+    """site.yml's host play records the inventory on the host too: the host chain's fix prints
+    the whole recover.yml command, pasteable on the controller, not INVENTORY and HOST to fill
+    in (issue 19's fault matrix: a host boot unit disabled or failing)."""
+    record = tmp_path / "provisioned.json"
+    record.write_text(
+        json.dumps({"checkout": "/srv/ct200", "inventory": ["/srv/inv/h.yml"], "host": "pve-1"})
+    )
+    got = hc.read(ORDER, fake(DISABLED, GOOD[1])[0])
+    assert got.stopped is not None
+    fix = hc.fix_of(got.stopped, str(record))
+    assert (
+        "`cd /srv/ct200 && ansible-playbook -i /srv/inv/h.yml playbooks/recover.yml --limit "
+        "pve-1 --tags recover_host` on the controller"
+    ) in fix, fix
+    assert "INVENTORY" not in fix
+    without = hc.fix_of(got.stopped, str(tmp_path / "none.json"))
+    assert "INVENTORY" in without and "does not know them" in without

@@ -15,6 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from ct200_tools import provisioned
+from ct200_tools.cli import doctor as doctor_cli
+from ct200_tools.cli import serve as serve_cli
+from ct200_tools.provisioned import installed_spec_fix
 from ct200_tools.serve import chain as ch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -106,3 +110,58 @@ def test_without_a_record_the_fix_says_plainly_what_to_fill_in(tmp_path: Path) -
     bash = shutil.which("bash")
     assert bash is not None
     assert subprocess.run([bash, "-n", "-c", command], timeout=10, check=False).returncode == 0
+
+
+def record_of(tmp_path: Path) -> Path:
+    record = tmp_path / "provisioned.json"
+    record.write_text(
+        json.dumps(
+            {"checkout": "/srv/ct200-tools", "inventory": ["/srv/inv/hosts.yml"], "host": "ct-7"}
+        )
+    )
+    return record
+
+
+def test_an_unusable_installed_spec_names_the_playbook_that_writes_it(tmp_path: Path) -> None:
+    """The machine's copy of the spec is the playbooks' (written from the inventory): the fix
+    for an unparsable one is the recover.yml command that writes it again, not `ct200-serve
+    chain` again (issue 19). Any other spec file: its own issues say what to edit."""
+    installed = tmp_path / "etc" / "site.yml"
+    fix = installed_spec_fix(str(installed), str(installed), str(record_of(tmp_path)))
+    assert fix is not None
+    command = fix.split("`")[1]
+    assert command == (
+        "cd /srv/ct200-tools && ansible-playbook -i /srv/inv/hosts.yml playbooks/recover.yml"
+        " --limit ct-7"
+    )
+    assert installed_spec_fix(str(tmp_path / "mine.yml"), str(installed)) is None
+    assert installed_spec_fix("", str(installed)) is None
+
+
+@pytest.mark.parametrize("program", ["serve", "doctor"])
+def test_the_clis_print_it_for_an_unparsable_installed_spec(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    program: str,
+) -> None:
+    installed = tmp_path / "site.yml"
+    installed.write_text("ct200_site:\n  servers: [\n")
+    record = record_of(tmp_path)
+    real = provisioned.installed_spec_fix
+    monkeypatch.setattr(
+        (serve_cli if program == "serve" else doctor_cli),
+        "installed_spec_fix",
+        lambda source: real(source, str(installed), str(record)),
+    )
+    args = (
+        ["chain", "--spec", str(installed)]
+        if program == "serve"
+        else ["check", "--spec", str(installed)]
+    )
+    main = serve_cli.main if program == "serve" else doctor_cli.main
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "fix: " in err and "playbooks/recover.yml --limit ct-7" in err, err

@@ -451,3 +451,56 @@ def test_nothing_to_serve_is_not_serving_with_its_own_exit_and_fix(
     out = capsys.readouterr().out
     assert exited.value.code == serve.Exit.NOTHING, out
     assert "nothing to serve: the serving set is empty" in out and "ct200-serve switch" in out
+
+
+@pytest.mark.parametrize(
+    ("was", "env", "expected"),
+    [
+        (
+            "serving: GET http://127.0.0.1:8094/health answered 200 after 0.01 s",
+            {"SERVICE_RESULT": "signal", "EXIT_CODE": "killed", "EXIT_STATUS": "KILL"},
+            "STATUS=not serving: the engine ended (signal: killed KILL); systemd restarts it "
+            "after a failure, until its start limit; `journalctl -u ct200-server-tiny.service` "
+            "says why",
+        ),
+        (
+            "serving: GET http://127.0.0.1:8095/health answered 200 after 0.01 s",
+            {"SERVICE_RESULT": "success", "EXIT_CODE": "exited", "EXIT_STATUS": "0"},
+            "STATUS=not serving: stopped (exited 0)",
+        ),
+        # A start that failed keeps its own reason: nothing is sent.
+        ("preflight failed: model tiny-a: not staged", {"SERVICE_RESULT": "exit-code"}, None),
+    ],
+    ids=["killed-in-restart-delay", "stopped-by-hand", "failed-start-keeps-its-reason"],
+)
+def test_stopped_says_a_server_that_served_no_longer_does(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    was: str,
+    env: dict[str, str],
+    expected: str | None,
+) -> None:
+    """The unit's ExecStopPost (issue 19's fault matrix: during the restart delay after kill -9,
+    and after `systemctl stop`, `systemctl status` still said "serving: ... answered 200").
+    A STAND-IN systemctl answers the unit's current status line; the notify socket is real."""
+    from ct200_tools.serve import engines  # noqa: PLC0415
+
+    fake = tmp_path / "systemctl"
+    fake.write_text(f"#!/bin/sh\nprintf '%s\\n' {json.dumps(was)}\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(engines, "SYSTEMCTL", str(fake))
+    address = str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(address)
+        sock.setblocking(False)
+        for key in ("SERVICE_RESULT", "EXIT_CODE", "EXIT_STATUS"):
+            monkeypatch.delenv(key, raising=False)
+        for key, value in {**env, "NOTIFY_SOCKET": address}.items():
+            monkeypatch.setenv(key, value)
+        result = CliRunner().invoke(serve.cli, ["stopped", "tiny"])
+        assert result.exit_code == 0, result.output
+        try:
+            got: str | None = sock.recv(4096).decode()
+        except BlockingIOError:
+            got = None
+    assert got == expected

@@ -481,3 +481,19 @@ def test_wait_ready_stops_when_the_engine_is_gone() -> None:
     got = wait_ready("http://127.0.0.1:1/health", 60, alive=process_alive(proc.pid))
     assert got.exited and not got.ok and got.polls == 0
     assert process_alive(os.getpid())()
+
+
+def test_a_damaged_serving_set_prints_a_command_that_repairs_it_when_pasted(
+    tmp_path: Path,
+) -> None:
+    """The command in backquotes is whole: pasted, the damaged file is gone and the spec's
+    enabled servers rule (issue 19's fault matrix: `ct200-serve switch NAME...` in backquotes
+    was pasted as a server named NAME...)."""
+    state = tmp_path / "serving.json"
+    state.write_text('{"servers": []}\n')
+    with pytest.raises(serving.ServingError) as err:
+        serving.read_state(state)
+    commands = err.value.fix.split("`")[1::2]
+    assert commands == [f"rm -f {state}"], err.value.fix
+    subprocess.run(["bash", "-c", commands[0]], check=True, timeout=10)
+    assert serving.read_state(state) is None

@@ -353,5 +353,26 @@ CAUSES += (
 )
 
 
+def _a_model_absent(ctx: Context) -> bool:
+    """A model has nothing staged at all (not a damaged copy): its stage could not write it."""
+    return any(
+        (m.staged_tree.exists if m.staged_tree is not None else m.staged_exists) is False
+        for m in ctx.facts.models or ()
+    )
+
+
+# /dev/shm too small (its fstab line shrunk): every stage fails "does not fit", and restaging
+# the model, models.staged's own fix, fails the same way; the remount is the fix (issue 19).
+CAUSES += (
+    Cause(
+        "models.staged",
+        "mem.shm",
+        "a model has nothing staged and /dev/shm is smaller than the spec says (or its models do "
+        "not fit): its stage could not write it",
+        _a_model_absent,
+    ),
+)
+
+
 def rules_for(effect: str) -> tuple[Cause, ...]:
     return tuple(c for c in CAUSES if c.effect == effect)
