@@ -16,8 +16,10 @@ INSTALLED_SPEC: Final = "/etc/ct200/site.yml"
 
 
 def playbook_command(playbook: str, *extra: str, path: str = PROVISIONED) -> str:
-    """`cd CHECKOUT && ansible-playbook -i INVENTORY PLAYBOOK --limit HOST EXTRA...` in
-    backquotes, from the record; without one, the command with what to fill in, said plainly."""
+    """`cd CHECKOUT && ansible-playbook -i INVENTORY PLAYBOOK --limit HOST,localhost EXTRA...`
+    in backquotes, from the record; without one, the command with what to fill in, said plainly.
+    localhost stays in the limit: the playbooks validate the spec there (playbooks/validate.yml)
+    and every role reads that result."""
     try:
         got = load_json(path, "the provisioning record", 64 * 1024, "run site.yml once more")
     except (UntrustedInputError, OSError):
@@ -39,12 +41,13 @@ def playbook_command(playbook: str, *extra: str, path: str = PROVISIONED) -> str
             dash_i = " ".join(f"-i {shlex.quote(i)}" for i in sources)
             return (
                 f"`cd {shlex.quote(checkout)} && ansible-playbook {dash_i} {playbook} "
-                f"--limit {shlex.quote(host)}{tail}` on the controller"
+                f"--limit {shlex.quote(host + ',localhost')}{tail}` on the controller"
             )
     return (
         f"on the controller, in your ct200-tools checkout, `ansible-playbook -i INVENTORY "
-        f"{playbook} --limit HOST{tail}` with the inventory and host that provisioned this "
-        f"machine; it does not know them ({path} is missing or incomplete: site.yml records it)"
+        f"{playbook} --limit HOST,localhost{tail}` with the inventory and host that provisioned "
+        f"this machine; it does not know them ({path} is missing or incomplete: site.yml "
+        "records it)"
     )
 
 

@@ -110,7 +110,7 @@ def fix_of(step: Step, record: str = PROVISIONED) -> str:
             return f"{unit} is not installed: {installs} installs it"
         return (
             f"{unit} is not installed: {controller}, `ansible-playbook -i INVENTORY "
-            "playbooks/host.yml --limit HOST` installs it"
+            "playbooks/host.yml --limit HOST,localhost` installs it"
         )
     if step.state == "off":
         why = "disabled, it did not run at this boot" if "disabled" in step.detail else "not run"

@@ -814,8 +814,9 @@ def truth_host(request: pytest.FixtureRequest, fault: str) -> None:
         f'state="{want}",failed_at=""}} 1'
     ) in pve.textfile, pve.textfile
     # The playbook alternative is whole, from the host's record (bf9faa5).
-    assert f"playbooks/recover.yml --limit {PVE} --tags recover_host` on the controller" in (
-        pve.chain_text
+    assert (
+        f"playbooks/recover.yml --limit {PVE},localhost --tags recover_host` on the controller"
+        in (pve.chain_text)
     ), pve.chain_text
 
 

@@ -117,7 +117,7 @@ def test_a_disabled_unit_did_not_run_and_stops_the_chain_there() -> None:
         "fix: disabled, it did not run at this boot: "
         "`systemctl enable --now ct200-host-devices.service`"
     ) in out
-    assert "playbooks/recover.yml --limit HOST --tags recover_host" in out
+    assert "playbooks/recover.yml --limit HOST,localhost --tags recover_host" in out
 
 
 def test_a_failed_unit_brings_this_boots_journal_and_its_fix() -> None:
@@ -437,7 +437,7 @@ def test_the_recover_command_is_whole_from_the_hosts_record(tmp_path: Path) -> N
     fix = hc.fix_of(got.stopped, str(record))
     assert (
         "`cd /srv/ct200 && ansible-playbook -i /srv/inv/h.yml playbooks/recover.yml --limit "
-        "pve-1 --tags recover_host` on the controller"
+        "pve-1,localhost --tags recover_host` on the controller"
     ) in fix, fix
     assert "INVENTORY" not in fix
     without = hc.fix_of(got.stopped, str(tmp_path / "none.json"))

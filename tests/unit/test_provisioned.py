@@ -91,14 +91,15 @@ def test_site_records_the_inventory_and_chain_prints_the_whole_recover_command(
     fix = ch.recover_command(str(record))
     command = fix.split("`")[1]
     assert command == (
-        f"cd '{checkout}' && ansible-playbook -i '{inventory}' playbooks/recover.yml --limit ct-7"
+        f"cd '{checkout}' && ansible-playbook -i '{inventory}' playbooks/recover.yml"
+        " --limit ct-7,localhost"
     )
     bash = shutil.which("bash")
     assert bash is not None
     assert subprocess.run([bash, "-n", "-c", command], timeout=10, check=False).returncode == 0
     # Pasted in the checkout's shell it reaches the inventory and the playbook directory.
     probe = command.replace("ansible-playbook -i", "test -f").replace(
-        " playbooks/recover.yml --limit ct-7", " && test -d playbooks"
+        " playbooks/recover.yml --limit ct-7,localhost", " && test -d playbooks"
     )
     assert subprocess.run([bash, "-c", probe], timeout=10, check=False).returncode == 0
 
@@ -132,7 +133,7 @@ def test_an_unusable_installed_spec_names_the_playbook_that_writes_it(tmp_path: 
     command = fix.split("`")[1]
     assert command == (
         "cd /srv/ct200-tools && ansible-playbook -i /srv/inv/hosts.yml playbooks/recover.yml"
-        " --limit ct-7"
+        " --limit ct-7,localhost"
     )
     assert installed_spec_fix(str(tmp_path / "mine.yml"), str(installed)) is None
     assert installed_spec_fix("", str(installed)) is None
@@ -164,4 +165,4 @@ def test_the_clis_print_it_for_an_unparsable_installed_spec(
         main(args)
     assert exited.value.code == 2
     err = capsys.readouterr().err
-    assert "fix: " in err and "playbooks/recover.yml --limit ct-7" in err, err
+    assert "fix: " in err and "playbooks/recover.yml --limit ct-7,localhost" in err, err
