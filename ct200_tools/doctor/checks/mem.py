@@ -75,7 +75,8 @@ def check_shm(ctx: Context) -> Outcome:
         return failed(
             f"/dev/shm is {gib(mem.shm_size)}, the spec wants {gib(want)}",
             Remedy(
-                "resize it now and in the container's fstab",
+                "resize it now (for later boots the container's fstab: recover.yml or the "
+                "container_shm tag)",
                 "container",
                 f"mount -o remount,size={want} /dev/shm",
                 tag,
