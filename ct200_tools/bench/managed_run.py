@@ -15,7 +15,16 @@ from ct200_tools.bench import managed, provenance, telemetry
 from ct200_tools.bench.plan import Plan, PlanError
 from ct200_tools.bench.results import Store
 from ct200_tools.bench.runner import BenchError, Sweep, points, resolve_model
-from ct200_tools.bench.session import Echo, Outcome, Printer, new_id, progress_line, resume_run
+from ct200_tools.bench.session import (
+    Echo,
+    Outcome,
+    Printer,
+    ending,
+    new_id,
+    progress_line,
+    repair_tail,
+    resume_run,
+)
 from ct200_tools.bench.watch import GpuWatch, MetricsWatch
 from ct200_tools.facts import to_jsonable
 from ct200_tools.serve import engines
@@ -209,9 +218,7 @@ def run_managed(
     check_sets(plan, m.site)
     store = Store(out_dir)
     run_id, prov, done = _managed_start(store, plan, m, resume, out_dir, argv)
-    cut = store.repair_tail()
-    if cut:
-        echo(f"ct200-bench: note: cut a torn last line of {cut} bytes", err=True)
+    repair_tail(store, echo)
     if not as_json:
         echo(
             f"ct200-bench: run {run_id}, managed: {', '.join(plan.serving_sets)}"
@@ -219,15 +226,9 @@ def run_managed(
         )
     printer = Printer(echo, as_json, tty)
     recorded = 0
-    try:
+    with ending(store, run_id, prov):
         for name in plan.serving_sets:
             recorded += _run_set(name, plan, m, store, run_id, prov, done, printer)
-    except KeyboardInterrupt:
-        prov.update(state="interrupted", finished=provenance.now_iso())
-        store.write_provenance(run_id, prov)
-        raise
-    prov.update(state="finished", finished=provenance.now_iso())
-    store.write_provenance(run_id, prov)
     if not as_json:
         echo(
             f"ct200-bench: {recorded} point(s) recorded, {printer.failed} failed request(s); "

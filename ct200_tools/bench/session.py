@@ -11,10 +11,11 @@ each serving set of the plan first and measures it only when the doctor passes i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ct200_tools.bench import provenance
@@ -114,13 +115,7 @@ def run(
         run_id, prov = _start(store, plan, target, label, argv)
         done = frozenset()
     model = str(prov.get("model"))
-    cut = store.repair_tail()
-    if cut:
-        echo(
-            f"ct200-bench: note: cut a torn last line of {cut} bytes from "
-            f"{show(str(store.results))} (a write the machine did not finish)",
-            err=True,
-        )
+    repair_tail(store, echo)
     engine = prov.get("engine")
     if not as_json:
         what = provenance.describe_engine(engine) if isinstance(engine, dict) else "?"
@@ -143,14 +138,8 @@ def run(
     )
     if tty:
         sweep.progress = progress_line(echo)
-    try:
+    with ending(store, run_id, prov):
         records = asyncio.run(sweep.run())
-    except KeyboardInterrupt:
-        prov.update(state="interrupted", finished=provenance.now_iso())
-        store.write_provenance(run_id, prov)
-        raise
-    prov.update(state="finished", finished=provenance.now_iso())
-    store.write_provenance(run_id, prov)
     total = len(points(plan, label))
     failed = on_point.failed
     if not as_json:
@@ -160,6 +149,31 @@ def run(
             f"{show(str(store.run_dir(run_id)))}"
         )
     return Outcome(run_id, len(records), failed)
+
+
+def repair_tail(store: Store, echo: Echo) -> None:
+    """Cut a torn last line of the results file before appending to it, and say so."""
+    cut = store.repair_tail()
+    if cut:
+        echo(
+            f"ct200-bench: note: cut a torn last line of {cut} bytes from "
+            f"{show(str(store.results))} (a write the machine did not finish)",
+            err=True,
+        )
+
+
+@contextlib.contextmanager
+def ending(store: Store, run_id: str, prov: dict[str, object]) -> Iterator[None]:
+    """The run's provenance says how it ended: "interrupted" on Ctrl-C (raised on), else
+    "finished"; a run killed outright stays "running"."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        prov.update(state="interrupted", finished=provenance.now_iso())
+        store.write_provenance(run_id, prov)
+        raise
+    prov.update(state="finished", finished=provenance.now_iso())
+    store.write_provenance(run_id, prov)
 
 
 def new_id(store: Store) -> str:

@@ -202,6 +202,8 @@ def run(
             timeout_s or 600.0,
             model,
         )
+    argv = ["ct200-bench", *sys.argv[1:]]
+    tty = sys.stderr.isatty() and not as_json
     if target is None:
         site, source = managed_run.load_site(spec_path)
         outcome = managed_run.run_managed(
@@ -210,22 +212,22 @@ def run(
             out_dir,
             resume=resume,
             as_json=as_json,
-            argv=["ct200-bench", *sys.argv[1:]],
+            argv=argv,
             echo=click.echo,
-            tty=sys.stderr.isatty() and not as_json,
+            tty=tty,
         )
-        sys.exit(Exit.FAILED if outcome.failed_requests else Exit.OK)
-    outcome = session.run(
-        plan,
-        target,
-        out_dir,
-        label=label,
-        resume=resume,
-        as_json=as_json,
-        argv=["ct200-bench", *sys.argv[1:]],
-        echo=click.echo,
-        tty=sys.stderr.isatty() and not as_json,
-    )
+    else:
+        outcome = session.run(
+            plan,
+            target,
+            out_dir,
+            label=label,
+            resume=resume,
+            as_json=as_json,
+            argv=argv,
+            echo=click.echo,
+            tty=tty,
+        )
     sys.exit(Exit.FAILED if outcome.failed_requests else Exit.OK)
 
 
