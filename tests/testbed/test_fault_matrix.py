@@ -58,6 +58,7 @@ from typing import Any
 import pytest
 import yaml
 from tbharness import VENV_BIN, AnsibleRun, Bed
+from test_host_chain import NO_STANDIN, STANDIN_GPU
 from test_host_roles import HOST_CHAIN, HOST_TEXTFILE
 from test_host_roles import restore as restore_pve
 from test_servers import CLEANUP, DOCTOR, SERVE, setup
@@ -101,22 +102,6 @@ ExecStart=/usr/bin/python3 -m http.server {SERVERS["fm-port"][1]} --bind 127.0.0
 [Install]
 WantedBy=multi-user.target
 """
-#: The stand-in GPU of test_host_chain.py: the real boot script finds it and cannot load the
-#: driver pve does not have.
-FAKE_PCI = "/root/ct200-fault-matrix/pci"
-DROP_IN = f"/etc/systemd/system/{DEVICES}.d/ct200-test-standin-gpu.conf"
-STANDIN_GPU = f"""
-set -e
-mkdir -p {FAKE_PCI}/0000:01:00.0 {DROP_IN.rsplit("/", 1)[0]}
-echo 0x10de > {FAKE_PCI}/0000:01:00.0/vendor
-echo 0x030200 > {FAKE_PCI}/0000:01:00.0/class
-printf '[Service]\\nEnvironment=CT200_SYSFS_PCI={FAKE_PCI}\\n' > {DROP_IN}
-systemctl daemon-reload
-"""
-NO_STANDIN = (
-    f"rm -rf {DROP_IN.rsplit('/', 1)[0]} {FAKE_PCI.rsplit('/', 1)[0]}; systemctl daemon-reload"
-)
-
 COMPLETE = r"""
 import json, sys, urllib.request
 out = {}

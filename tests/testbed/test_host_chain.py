@@ -55,6 +55,9 @@ echo 0x030200 > {FAKE_PCI}/0000:01:00.0/class
 printf '[Service]\nEnvironment=CT200_SYSFS_PCI={FAKE_PCI}\n' > {DROP_IN}
 systemctl daemon-reload
 """
+NO_STANDIN = (
+    f"rm -rf {DROP_IN.rsplit('/', 1)[0]} {FAKE_PCI.rsplit('/', 1)[0]}; systemctl daemon-reload"
+)
 
 
 def show(bed: Bed, unit: str) -> dict[str, str]:
@@ -138,13 +141,7 @@ def host_chain_run(converged: Converged) -> Iterator[HostChain]:
         failed = Boot.cycle(bed)
         yield HostChain(converge, good, broken, recover, devices_after, chain_after, again, failed)
     finally:
-        bed.ssh(
-            "pve",
-            "sh",
-            "-c",
-            f"rm -rf {DROP_IN.rsplit('/', 1)[0]} {FAKE_PCI.rsplit('/', 1)[0]};"
-            " systemctl daemon-reload",
-        )
+        bed.ssh("pve", "sh", "-c", NO_STANDIN)
         # The modules after this one (host_doctor, recovery) start from a pristine pve.
         restore(bed, converged.conf_200)
 
