@@ -26,22 +26,28 @@ lint-ansible:
 	$(PY) -m testbed verify-units --spec inventory/ct200
 
 # The test tiers, by pytest marker (declared in tests/conftest.py): the full suite (CI, .ci/run)
-# runs every tier in one session, fast first, warming the slow tiers' caches meanwhile.
+# runs every tier in one session, fast first, warming the slow tiers' caches meanwhile, on
+# TEST_WORKERS pytest-xdist workers: each testbed group (tests/conftest.py's TESTBED_GROUPS) on
+# one worker with a testbed of its own, the groups side by side. A testbed spends most of its
+# time waiting on boots, ssh and systemd (one busy core per two testbeds measured), so 4 workers
+# suit 2 cores.
+TEST_WORKERS ?= 4
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
 test: lint lint-ansible
-	$(PY) -m pytest
+	$(PY) -m pytest $(XDIST)
 
-# The inner loop: no root, no testbed, no llama-server build.
+# The inner loop: no root, no testbed, no llama-server build; one worker per core.
 test-fast:
-	$(PY) -m pytest -m "not testbed and not llama"
+	$(PY) -m pytest -n auto -m "not testbed and not llama"
 
 # llama-server on the CPU (built once per machine, cached by its source's hash).
 test-llama:
-	$(PY) -m pytest -m llama
+	$(PY) -m pytest $(XDIST) -m llama
 
 # The local testbed and the Ansible tests on it (root; boots systemd-nspawn machines), including
 # the benchmarks' smoke runs that boot a testbed of their own.
 test-testbed:
-	$(PY) -m pytest -m testbed
+	$(PY) -m pytest $(XDIST) -m testbed
 
 test-unit:
 	$(PY) -m pytest tests/unit

@@ -23,11 +23,15 @@ while the fast tier runs, on the core it leaves idle (``WARM``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -65,24 +69,36 @@ def tier(item: pytest.Item) -> str:
     return "fast"
 
 
-#: The testbed modules that share the session's testbed, in the order they run. The first one
-#: makes the shared converge (tests/testbed/conftest.py) on machines no playbook has run on; the
-#: modules after it layer on it and put back what they change (the host modules before the ones
-#: that start from a pristine pve). The three that push llama-server come last, so that its
-#: build overlaps the others. Modules not named (their own slots) run after these.
-TESTBED_ORDER = (
-    "test_testbed_playbooks",
-    "test_host_roles",
-    "test_host_chain",
-    "test_host_doctor",
-    "test_staging_role",
-    "test_server_units",
-    "test_testbed_harness",
-    "test_recovery",
-    "test_servers",
-    "test_bench_managed",
-    "test_fault_matrix",
-)
+#: The testbed modules by group, in the order they run. Each group gets a testbed of its own,
+#: booted fresh for it (tests/testbed/conftest.py), and under pytest-xdist (`make test`: -n N
+#: --dist loadgroup) runs on one worker, at the same time as the other groups: the groups are
+#: independent, the modules within one are not. In "converge", the first module makes the shared
+#: converge on machines no playbook has run on; the modules after it layer on it and put back
+#: what they change (the host modules before the ones that start from a pristine pve). "llama"
+#: pushes llama-server (its build overlaps the other groups). A testbed module not named here
+#: is a group of its own; the benchmarks' smoke tests boot testbeds of their own.
+TESTBED_GROUPS = {
+    "converge": (
+        "test_testbed_playbooks",
+        "test_host_roles",
+        "test_host_chain",
+        "test_host_doctor",
+        "test_staging_role",
+        "test_server_units",
+        "test_testbed_harness",
+    ),
+    "llama": ("test_recovery", "test_servers", "test_bench_managed"),
+    "matrix": ("test_fault_matrix",),
+}
+TESTBED_ORDER = tuple(m for modules in TESTBED_GROUPS.values() for m in modules)
+
+
+def testbed_group(module: str) -> str:
+    """The group of a testbed test module (by its file's stem)."""
+    for group, modules in TESTBED_GROUPS.items():
+        if module in modules:
+            return group
+    return module
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -95,6 +111,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return rank[t], order.get(item.path.stem, len(order)) if t == "testbed" else 0
 
     items.sort(key=key)
+
+
+def group_of(nodeid: str) -> str:
+    """pytest-xdist's unit of work for a test: its testbed group (every module of a group on one
+    worker, in order), or the test alone. By node id, which is all a scheduler sees."""
+    path = nodeid.split("::", 1)[0]
+    stem = Path(path).stem
+    if Path(path).parent.name == "testbed" and stem in TESTBED_ORDER:
+        return f"testbed group {testbed_group(stem)}"
+    return nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` by our groups. xdist's own loadgroup reads `xdist_group` marks into
+    node ids, which pytest 9 no longer lets a plugin change; a scheduler that asks group_of()
+    needs no marks (the grouped modules' other tests, the fast ones, just come along)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # noqa: PLC0415 - only under xdist
+
+    class ByGroup(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return ByGroup(config, log)
 
 
 #: What warms the slow tiers' caches: the testbed's rootfs and wheelhouse (`python -m testbed
@@ -120,6 +162,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     if os.environ.get("CT200_NO_WARMUP"):
         return
+    # Under pytest-xdist every worker collects: the first one warms up, for all of them.
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
+        return
     testbed = "testbed" in tiers and unmet(Settings.from_env(), Path(sys.executable).parent) is None
     # test_servers.py and test_recovery.py push llama-server into the testbed.
     llama = not llama_build.missing_tools() and (testbed or "llama" in tiers)
@@ -141,17 +186,57 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 _WARMUP = pytest.StashKey[subprocess.Popen[bytes]]()
+_WARMUP_PID = pytest.StashKey[int]()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """A warm-up still running when the session ends (it stopped early) is stopped: its lock
-    goes with it, and its unfinished build is left as one (removed by the next build)."""
-    proc = session.config.stash.get(_WARMUP, None)
-    if proc is None or proc.poll() is not None:
+    goes with it, and its unfinished build is left as one (removed by the next build). Under
+    pytest-xdist the worker that started it hands its pid to the controller, which stops it once
+    every worker is done (a worker done early must not stop a build the others wait for)."""
+    config = session.config
+    proc = config.stash.get(_WARMUP, None)
+    workeroutput = getattr(config, "workeroutput", None)
+    if proc is not None and workeroutput is not None:
+        if proc.poll() is None:
+            workeroutput["ct200_warmup_pid"] = proc.pid
         return
-    os.killpg(proc.pid, signal.SIGTERM)
+    if proc is not None:
+        if proc.poll() is None:
+            _stop(proc.pid, proc.wait)
+        return
+    pid = config.stash.get(_WARMUP_PID, None)
+    if pid is not None:
+        _stop(pid, lambda timeout: _wait_gone(pid, timeout))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """pytest-xdist, on the controller: a worker ended; keep the pid of its running warm-up."""
+    pid = getattr(node, "workeroutput", {}).get("ct200_warmup_pid")
+    if isinstance(pid, int):
+        node.config.stash[_WARMUP_PID] = pid
+
+
+def _stop(pid: int, wait: Callable[[float], object]) -> None:
     try:
-        proc.wait(timeout=30)
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        wait(30)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    """Waits for a process group that is not our child (the controller's view of a worker's
+    warm-up) to end; TimeoutExpired after `timeout`."""
+    for _ in range(int(timeout * 10)):
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    raise subprocess.TimeoutExpired(str(pid), timeout)

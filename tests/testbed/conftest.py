@@ -1,12 +1,18 @@
-"""Fixtures for the testbed tests: one testbed per test run (session scope), torn down at the end,
-and one converge of site.yml on it (``converged``) that the modules needing a converged machine
-share.
+"""Fixtures for the testbed tests: a testbed per group of test modules (tests/conftest.py's
+TESTBED_GROUPS), booted fresh for the group and torn down after it, and one converge of site.yml
+on it (``converged``) that the modules of the group needing a converged machine share.
+
+The groups are independent: each starts from machines no playbook has run on, so under
+pytest-xdist (`make test`: --dist loadgroup) each group runs on a worker of its own, at the same
+time as the others, on a testbed of its own. A worker runs one group's modules to the end before
+it starts the next group's, so one testbed per worker is up at a time.
 
 The testbed takes a free slot from 1 up (slot 0 is the one people bring up by hand), so a test run
-never touches a testbed someone is using, and two test runs on one machine do not collide.
-Without root or the tools the tests skip with the reason, except under CI (CI=true), where they
-must run: there a missing requirement fails the run instead of silently skipping it (the
-``testbed_requirements`` fixture of tests/conftest.py, shared with the benchmarks' smoke tests).
+never touches a testbed someone is using, and two test runs (or workers) on one machine do not
+collide. Without root or the tools the tests skip with the reason, except under CI (CI=true),
+where they must run: there a missing requirement fails the run instead of silently skipping it
+(the ``testbed_requirements`` fixture of tests/conftest.py, shared with the benchmarks' smoke
+tests).
 """
 
 from __future__ import annotations
@@ -19,35 +25,77 @@ from tbharness import CONF_200, MACHINES, SITE, Bed, Converged, pct_log, snapsho
 
 from testbed.config import DEFAULT_MACHINES, TEST_SLOTS, MachineSpec, Settings
 from testbed.harness import Harness, claim_test_slot
+from tests.conftest import testbed_group
 
 
-@pytest.fixture(scope="session")
-def testbed(testbed_requirements: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
-    settings = Settings.from_env()
-    with contextlib.ExitStack() as stack:
-        slot = claim_test_slot(settings, stack)
+class _Beds:
+    """This worker's testbed, for the group whose modules run now; a module of another group
+    takes it down and boots a fresh one (groups never see each other's machines)."""
+
+    def __init__(self, factory: pytest.TempPathFactory) -> None:
+        self.factory = factory
+        self.group: str | None = None
+        self.bed: Bed | None = None
+        self.converged: Converged | None = None
+        self.stack = contextlib.ExitStack()
+
+    def get(self, group: str) -> Bed:
+        if self.bed is not None and self.group == group:
+            return self.bed
+        self.close()
+        self.group = group
+        self.bed = self._up(group)
+        return self.bed
+
+    def _up(self, group: str) -> Bed:
+        settings = Settings.from_env()
+        slot = claim_test_slot(settings, self.stack)
         if slot is None:
             pytest.fail(f"every test slot ({TEST_SLOTS.start}..{TEST_SLOTS.stop - 1}) is in use")
         harness = Harness(slot)
         # Registered before up: a failed or interrupted up is torn down too.
-        stack.callback(harness.down)
+        self.stack.callback(harness.down)
         report = harness.up([MachineSpec.parse(m) for m in DEFAULT_MACHINES], fresh=True)
-        print(f"\ntestbed: slot {slot.index} up, timings {report.timings}")
-        yield Bed(harness, report, tmp_path_factory.mktemp("ansible"))
+        print(f"\ntestbed: group {group}, slot {slot.index} up, timings {report.timings}")
+        return Bed(harness, report, self.factory.mktemp(f"ansible-{group}"))
+
+    def close(self) -> None:
+        self.stack.close()
+        self.stack = contextlib.ExitStack()
+        self.group, self.bed, self.converged = None, None, None
 
 
 @pytest.fixture(scope="session")
-def converged(testbed: Bed) -> Converged:
-    """The shared converge. tests/conftest.py runs test_testbed_playbooks.py, its first user,
-    before any module that changes a machine, so "fresh" means no playbook has run there."""
-    bed = testbed
+def _beds(testbed_requirements: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Beds]:
+    beds = _Beds(tmp_path_factory)
+    try:
+        yield beds
+    finally:
+        beds.close()
+
+
+@pytest.fixture(scope="module")
+def testbed(_beds: _Beds, request: pytest.FixtureRequest) -> Bed:
+    return _beds.get(testbed_group(request.path.stem))
+
+
+@pytest.fixture(scope="module")
+def converged(_beds: _Beds, testbed: Bed) -> Converged:
+    """The group's shared converge, made once on its fresh testbed by the first module that asks
+    (tests/conftest.py orders the modules of a group: test_testbed_playbooks.py first)."""
+    if _beds.converged is None:
+        _beds.converged = converge(testbed)
+    return _beds.converged
+
+
+def converge(bed: Bed) -> Converged:
     conf_200 = bed.ssh("pve", "cat", CONF_200).stdout
     pct_before = len(pct_log(bed))
     syntax = bed.ansible(SITE, "--syntax-check")
     fresh = {m: snapshot(bed, m) for m in MACHINES}
     check_fresh = bed.ansible(SITE, "--check", "--diff")
     after_check = {m: snapshot(bed, m) for m in MACHINES}
-    converge = bed.ansible(SITE)
+    run = bed.ansible(SITE)
     converged = {m: snapshot(bed, m) for m in MACHINES}
     pct_converge = pct_log(bed)[pct_before:]
     second = bed.ansible(SITE)
@@ -59,7 +107,7 @@ def converged(testbed: Bed) -> Converged:
         fresh,
         check_fresh,
         after_check,
-        converge,
+        run,
         converged,
         second,
         check_after,

@@ -159,12 +159,18 @@ def _ansible_literals(path: Path) -> list[tuple[int, str]]:
     return out
 
 
+def _role_files() -> list[Path]:
+    """The roles' files as the repository holds them: not the bytecode Ansible leaves beside a
+    filter plugin it loaded (a playbook run, perhaps at the same time as this test)."""
+    return [p for p in (REPO / "roles").rglob("*") if "__pycache__" not in p.parts]
+
+
 def test_no_second_source_of_a_unit_name() -> None:
     found: dict[str, list[tuple[int, str]]] = {}
     for path in sorted((REPO / "ct200_tools").rglob("*.py")):
         if path.name != "units.py" and (hits := _python_literals(path)):
             found[str(path.relative_to(REPO))] = hits
-    ansible = [*(REPO / "roles").rglob("*"), *(REPO / "playbooks").glob("*.yml")]
+    ansible = [*_role_files(), *(REPO / "playbooks").glob("*.yml")]
     ansible += [*(REPO / "templates").glob("*.j2")]
     for path in sorted(ansible):
         # meta/: the argument specs and galaxy_info are the roles' documentation.
@@ -182,7 +188,7 @@ def test_no_role_default_or_task_reads_the_raw_spec() -> None:
         "roles/inference_servers/tasks/render.yml",  # ct200_site: the validated spec, as render.py
     }
     readers = []
-    for path in sorted((REPO / "roles").rglob("*")):
+    for path in sorted(_role_files()):
         if not path.is_file() or "meta" in path.parts or path.suffix == ".py":
             continue
         rel = str(path.relative_to(REPO))
