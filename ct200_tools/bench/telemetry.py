@@ -22,16 +22,20 @@ T = TypeVar("T")
 NVML_CLOCK_SM: Final = 1
 NVML_CLOCK_MEM: Final = 2
 NVML_TEMPERATURE_GPU: Final = 0
-#: nvmlClocksEventReason bits that cap clocks for power or heat (the doctor's slowdown bits, and
-#: the software power cap: a GPU at its power limit runs slower, which a benchmark must show).
+#: nvmlClocksEventReason bits that throttle a point: the doctor's slowdown bits (heat, a hardware
+#: slowdown, the power brake), which a healthy GPU does not show under load.
+THROTTLE_REASONS: Final = dict(SLOWDOWN_REASONS)
+#: The software power cap: the driver holding the board at its power limit. Recorded apart: a
+#: busy H200 sits at its 700 W limit in every point (docs/benchmarks.md, the real NVML run), so
+#: counting it as throttling would flag every point, and a flag on everything flags nothing.
 SW_POWER_CAP: Final = 0x4
-THROTTLE_REASONS: Final = {SW_POWER_CAP: "SW power cap", **SLOWDOWN_REASONS}
 #: Every bit nvidia-smi names, for the record (idle and application clocks are no throttling).
 REASON_NAMES: Final = {
     0x1: "GPU idle",
     0x2: "applications clocks setting",
     0x10: "sync boost",
     0x100: "display clocks setting",
+    SW_POWER_CAP: "SW power cap",
     **THROTTLE_REASONS,
 }
 
@@ -144,6 +148,24 @@ def throttled(*samples: dict[str, object]) -> list[str]:
     return found
 
 
+def power_capped(*samples: dict[str, object]) -> list[str]:
+    """'GPU<n>' for each GPU at its software power cap in any of the samples, once each."""
+    found: list[str] = []
+    for s in samples:
+        gpus = s.get("gpus") if s.get("available") else None
+        for g in gpus if isinstance(gpus, list) else []:
+            mask = g.get("clocks_event_reasons")
+            line = f"GPU{g.get('index')}"
+            if isinstance(mask, int) and mask & SW_POWER_CAP and line not in found:
+                found.append(line)
+    return found
+
+
 def around(before: dict[str, object], after: dict[str, object]) -> dict[str, object]:
     """A point's `gpu` field."""
-    return {"before": before, "after": after, "throttled": throttled(before, after)}
+    return {
+        "before": before,
+        "after": after,
+        "throttled": throttled(before, after),
+        "power_capped": power_capped(before, after),
+    }

@@ -64,19 +64,7 @@ def point_lines(record: Mapping[str, object]) -> list[str]:
                 f"{_num(spec.get('acceptance_length'), 2)}, rate "
                 + (f"{_num(100 * rate)} %" if isinstance(rate, int | float) else "-")
             )
-    gpu = record.get("gpu")
-    after = gpu.get("after") if isinstance(gpu, dict) else None
-    if isinstance(after, dict) and isinstance(after.get("gpus"), list):
-        shown = [
-            f"GPU{g.get('index')} SM {_num(g.get('sm_clock_mhz'), 0)} MHz, "
-            f"{_num(g.get('temperature_c'), 0)} C, {_num(g.get('power_w'), 0)} W"
-            for g in after["gpus"][:8]
-            if isinstance(g, dict)
-        ]
-        lines.append("    after: " + "; ".join(shown))
-    throttled = gpu.get("throttled") if isinstance(gpu, dict) else None
-    if throttled:
-        lines.append(f"    THROTTLED: {show('; '.join(map(str, throttled)), 200)}")
+    lines += _gpu_lines(record.get("gpu"))
     if record.get("forced") is True:
         lines.append("    FORCED: measured past a failing doctor check (gate_failures)")
     errors = record.get("errors")
@@ -86,4 +74,28 @@ def point_lines(record: Mapping[str, object]) -> list[str]:
     missing = record.get("requests_without_usage")
     if isinstance(missing, int) and missing:
         lines.append(f"    {missing} request(s) without usage: their token counts are unknown")
+    return lines
+
+
+def _gpu_lines(gpu: object) -> list[str]:
+    """A point's GPU telemetry: the clocks after it, throttling, and the power limit apart."""
+    if not isinstance(gpu, dict):
+        return []
+    lines = []
+    after = gpu.get("after")
+    if isinstance(after, dict) and isinstance(after.get("gpus"), list):
+        shown = [
+            f"GPU{g.get('index')} SM {_num(g.get('sm_clock_mhz'), 0)} MHz, "
+            f"{_num(g.get('temperature_c'), 0)} C, {_num(g.get('power_w'), 0)} W"
+            for g in after["gpus"][:8]
+            if isinstance(g, dict)
+        ]
+        lines.append("    after: " + "; ".join(shown))
+    throttled = gpu.get("throttled")
+    if throttled:
+        lines.append(f"    THROTTLED: {show('; '.join(map(str, throttled)), 200)}")
+    capped = gpu.get("power_capped")
+    if capped:
+        at = show(", ".join(map(str, capped)), 200)
+        lines.append(f"    at the power limit (SW power cap, not throttling): {at}")
     return lines

@@ -19,7 +19,8 @@ WHEELS = CARRY / "wheels"
 UNPACKED = Path("/tmp/ct200-gpu-wheels")
 LLAMA_SOURCE = CARRY / "llama-src.tar.xz"
 #: The modules tests/gpu and ct200_tools import that an image with torch may lack, and the
-#: distribution (wheel name) that brings each: aiohttp (ct200-bench's client) and what it imports.
+#: distribution (wheel name) that brings each: aiohttp (ct200-bench's client) and what it imports,
+#: and pynvml (ct200-bench's telemetry: tests/gpu/test_telemetry.py).
 NEEDED = {
     "gguf": "gguf",
     "xxhash": "xxhash",
@@ -34,6 +35,7 @@ NEEDED = {
     "yarl": "yarl",
     "idna": "idna",
     "typing_extensions": "typing_extensions",
+    "pynvml": "nvidia_ml_py",
 }
 
 

@@ -7,7 +7,8 @@
 #                     docs, media, benches, the other GPU backends): the sdist is 76 MB, over the
 #                     device tool's 64 MiB carry limit; this is about 10 MB
 #   wheels/           gguf (the testbed's model generator), xxhash/psutil and aiohttp with what it
-#                     imports (ct200-bench) for the GPU machine's Python, in case its image lacks
+#                     imports (ct200-bench), nvidia-ml-py (its telemetry: pynvml) for the GPU
+#                     machine's Python, in case its image lacks
 #                     them (tests/gpu/carried.py); unzipped onto sys.path, never installed
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,7 +33,7 @@ tar -C "$work/llama_cpp_python-$version/vendor" -cJf "$out/llama-src.tar.xz.part
 mv "$out/llama-src.tar.xz.partial" "$out/llama-src.tar.xz"
 rm -rf "$out/wheels" && mkdir -p "$out/wheels"
 python3 -m pip download -q --no-deps gguf aiohappyeyeballs aiosignal attrs idna \
-  typing_extensions -d "$out/wheels"
+  typing_extensions nvidia-ml-py -d "$out/wheels"
 for pyver in 3.10 3.11 3.12 3.13; do
   python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux2014_x86_64 \
     --platform manylinux_2_17_x86_64 --python-version "$pyver" \

@@ -34,12 +34,23 @@ def test_the_recorded_h200_at_idle() -> None:
     assert telemetry.around(sample, sample)["throttled"] == []
 
 
-def test_thermal_and_power_throttling_is_flagged() -> None:
+def test_thermal_throttling_is_flagged_and_the_power_cap_recorded_apart() -> None:
     hot = dataclasses.replace(nvml_standin.H200_GPU, clocks_event_reasons=0x4 | 0x40)
     t = telemetry.Telemetry([0], nvml_standin.NvmlStandin(gpus=(hot,)))
     cool = telemetry.Telemetry([0], nvml_standin.h200())
     point = telemetry.around(cool.sample(), t.sample())
-    assert point["throttled"] == ["GPU0: SW power cap", "GPU0: HW thermal slowdown"]
+    assert point["throttled"] == ["GPU0: HW thermal slowdown"]
+    assert point["power_capped"] == ["GPU0"]
+
+
+def test_a_gpu_at_its_power_limit_alone_is_not_throttled() -> None:
+    """What the real H200 reports under load (docs/benchmarks.md): SW power cap, 0x4, only."""
+    busy = dataclasses.replace(nvml_standin.H200_GPU, clocks_event_reasons=0x4)
+    t = telemetry.Telemetry([0], nvml_standin.NvmlStandin(gpus=(busy,)))
+    sample = t.sample()
+    point = telemetry.around(sample, sample)
+    assert point["throttled"] == [] and point["power_capped"] == ["GPU0"]
+    assert sample["gpus"][0]["reasons"] == ["SW power cap"]  # type: ignore[index]
 
 
 def test_no_driver_is_unavailable_with_the_reason() -> None:
