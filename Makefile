@@ -26,13 +26,13 @@ lint-ansible:
 	$(PY) -m testbed verify-units --spec inventory/ct200
 
 # The test tiers, by pytest marker (declared in tests/conftest.py): the full suite (CI, .ci/run)
-# runs every tier in one session, fast first, warming the slow tiers' caches meanwhile, on
-# TEST_WORKERS pytest-xdist workers: each testbed group (tests/conftest.py's TESTBED_GROUPS) on
-# one worker with a testbed of its own, the groups side by side. A testbed spends most of its
-# time waiting on boots, ssh and systemd (one busy core per two testbeds measured), so 4 workers
-# suit 2 cores.
-TEST_WORKERS ?= 4
-XDIST = -n $(TEST_WORKERS) --dist loadgroup
+# runs every tier in one session, fast first, warming the slow tiers' caches meanwhile.
+# TEST_WORKERS=N runs it on N pytest-xdist workers instead: each testbed group (tests/conftest.py's
+# TESTBED_GROUPS) on one worker with a fresh testbed of its own, the groups side by side. Not the
+# default yet: on a cold 2-core machine four workers starved the llama-server build that two
+# groups wait for (tests/testbed/README.md has the figures).
+TEST_WORKERS ?= 0
+XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup,)
 test: lint lint-ansible
 	$(PY) -m pytest $(XDIST)
 

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from testbed.llama_build import CMAKE_FLAGS, TARGET
+from testbed.llama_build import COMMON_FLAGS, TARGET
 from tests.gpu import nvsmi
 from tests.gpu.carried import LLAMA_SOURCE
 
@@ -28,7 +28,7 @@ BUILD_TIMEOUT_S = 1800
 def cuda_flags(arch: str) -> tuple[str, ...]:
     # The static C++ runtime flag of the CPU build is kept: the binary needs only glibc and the
     # CUDA libraries of the driver and toolkit.
-    return (*CMAKE_FLAGS, "-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={arch}")
+    return (*COMMON_FLAGS, "-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={arch}")
 
 
 def compute_arch() -> str:

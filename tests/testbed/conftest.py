@@ -2,10 +2,12 @@
 TESTBED_GROUPS), booted fresh for the group and torn down after it, and one converge of site.yml
 on it (``converged``) that the modules of the group needing a converged machine share.
 
-The groups are independent: each starts from machines no playbook has run on, so under
-pytest-xdist (`make test`: --dist loadgroup) each group runs on a worker of its own, at the same
-time as the others, on a testbed of its own. A worker runs one group's modules to the end before
-it starts the next group's, so one testbed per worker is up at a time.
+Under pytest-xdist (`make test TEST_WORKERS=4`: --dist loadgroup) each group runs on a worker of
+its own, at the same time as the others, on a testbed of its own that starts from machines no
+playbook has run on. A worker runs one group's modules to the end before it starts the next
+group's, so one testbed per worker is up at a time. Without xdist (one process, `make test`'s
+default) the session has one testbed, and the groups run on it one after another, each layering
+on what the one before left and put back.
 
 The testbed takes a free slot from 1 up (slot 0 is the one people bring up by hand), so a test run
 never touches a testbed someone is using, and two test runs (or workers) on one machine do not
@@ -18,6 +20,7 @@ tests).
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -76,6 +79,10 @@ def _beds(testbed_requirements: None, tmp_path_factory: pytest.TempPathFactory) 
 
 @pytest.fixture(scope="module")
 def testbed(_beds: _Beds, request: pytest.FixtureRequest) -> Bed:
+    # One session, one worker (no pytest-xdist): one testbed for every group, in TESTBED_ORDER,
+    # each group layering on what the one before left (and put back).
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return _beds.get("session")
     return _beds.get(testbed_group(request.path.stem))
 
 
