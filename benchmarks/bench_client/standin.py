@@ -8,8 +8,10 @@ word), /props (llama-server's shape) and a streaming /v1/completions: one chunk 
 
 Faults, for the tests: --fail-every N answers every Nth completion with HTTP 500; --close-every
 N closes every Nth stream after two tokens; --no-usage sends no usage; --die-after N exits the
-process (os._exit) when the Nth completion starts; --timings adds llama-server's per-request
-`timings` (with draft counts) to the last chunk. It prints "port N" once it listens.
+process (os._exit) when the Nth completion starts; --stall-after N never answers a completion
+after the Nth (a run that cannot end by itself, for a test that must interrupt it); --timings
+adds llama-server's per-request `timings` (with draft counts) to the last chunk.
+It prints "port N" once it listens.
 
     python benchmarks/bench_client/standin.py --port 0 --ttft 0.05 --itl 0.02
 """
@@ -56,6 +58,8 @@ def app(args: argparse.Namespace) -> web.Application:
         body = await request.json()
         if args.die_after and n >= args.die_after:
             os._exit(0)
+        if args.stall_after and n > args.stall_after:
+            await asyncio.sleep(args.lifetime)
         if args.fail_every and n % args.fail_every == 0:
             return web.json_response({"error": "scripted failure"}, status=500)
         max_tokens = int(body.get("max_tokens", 16))
@@ -134,6 +138,7 @@ def main() -> None:
     p.add_argument("--fail-every", type=int, default=0)
     p.add_argument("--close-every", type=int, default=0)
     p.add_argument("--die-after", type=int, default=0)
+    p.add_argument("--stall-after", type=int, default=0)
     p.add_argument("--no-usage", action="store_true")
     p.add_argument("--model-id", default="standin", help="the id /v1/models lists")
     p.add_argument("--huge-line", action="store_true", help="4 MiB without a newline")

@@ -127,7 +127,9 @@ def test_kill_9_mid_run_keeps_finished_points_and_resume_finishes_the_rest(
 def test_ctrl_c_keeps_finished_points_and_marks_the_run_interrupted(tmp_path: Path) -> None:
     out = tmp_path / "out"
     results = out / "results.jsonl"
-    with standin("--itl", "0.1") as url:
+    # The stand-in answers the first point's completions (2, or 3 with a warm-up) and none after
+    # the third: the run cannot end before the signal, however slow this machine is.
+    with standin("--itl", "0.01", "--stall-after", "3") as url:
         proc = subprocess.Popen(
             [*BENCH, "run", "--target", url, "--concurrency", "1,2,3", "--input-tokens", "4",
              "--output-tokens", "5", "--requests", "2", "--out", str(out)],
