@@ -69,10 +69,11 @@ def tier(item: pytest.Item) -> str:
     return "fast"
 
 
-#: The testbed modules by group, in the order they run. Each group gets a testbed of its own,
-#: booted fresh for it (tests/testbed/conftest.py), and under pytest-xdist (`make test`: -n N
-#: --dist loadgroup) runs on one worker, at the same time as the other groups: the groups are
-#: independent, the modules within one are not. In "converge", the first module makes the shared
+#: The testbed modules by group, in the order they run. In one process the groups share the
+#: session's testbed, one after another; under pytest-xdist (`make test TEST_WORKERS=N`: -n N
+#: --dist loadgroup) each group gets a fresh testbed of its own (tests/testbed/conftest.py) and
+#: runs on one worker, at the same time as the other groups: the groups are independent, the
+#: modules within one are not. In "converge", the first module makes the shared
 #: converge on machines no playbook has run on; the modules after it layer on it and put back
 #: what they change (the host modules before the ones that start from a pristine pve). "llama"
 #: pushes llama-server (its build overlaps the other groups). A testbed module not named here
@@ -148,7 +149,7 @@ WARM = """
 import os, subprocess, sys
 from testbed import llama_build
 # Ahead of the test workers, where it may (root): the testbed groups that push llama-server
-# wait for this build, and on 2 cores busy with four workers it took 3 times its idle time.
+# wait for this build, and on 2 cores busy with four workers it took 1472 s, not about 360.
 try:
     os.setpriority(os.PRIO_PROCESS, 0, -5)
 except OSError:

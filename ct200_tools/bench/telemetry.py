@@ -10,7 +10,7 @@ slowdown reason active in either sample) is flagged on the point.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, TypeVar
 
 from ct200_tools.doctor.checks.gpu import SLOWDOWN_REASONS
@@ -135,29 +135,32 @@ class Telemetry:
         return sample
 
 
+def _gpus(samples: tuple[dict[str, object], ...]) -> Iterator[dict[str, Any]]:
+    """Each GPU's entry of each sample that was read (an unavailable sample has none)."""
+    for s in samples:
+        gpus = s.get("gpus") if s.get("available") else None
+        yield from gpus if isinstance(gpus, list) else []
+
+
 def throttled(*samples: dict[str, object]) -> list[str]:
     """'GPU<n>: <reason>' for each throttle reason active in any of the samples, once each."""
     found: list[str] = []
-    for s in samples:
-        gpus = s.get("gpus") if s.get("available") else None
-        for g in gpus if isinstance(gpus, list) else []:
-            for reason in g.get("throttle") or []:
-                line = f"GPU{g.get('index')}: {reason}"
-                if line not in found:
-                    found.append(line)
+    for g in _gpus(samples):
+        for reason in g.get("throttle") or []:
+            line = f"GPU{g.get('index')}: {reason}"
+            if line not in found:
+                found.append(line)
     return found
 
 
 def power_capped(*samples: dict[str, object]) -> list[str]:
     """'GPU<n>' for each GPU at its software power cap in any of the samples, once each."""
     found: list[str] = []
-    for s in samples:
-        gpus = s.get("gpus") if s.get("available") else None
-        for g in gpus if isinstance(gpus, list) else []:
-            mask = g.get("clocks_event_reasons")
-            line = f"GPU{g.get('index')}"
-            if isinstance(mask, int) and mask & SW_POWER_CAP and line not in found:
-                found.append(line)
+    for g in _gpus(samples):
+        mask = g.get("clocks_event_reasons")
+        line = f"GPU{g.get('index')}"
+        if isinstance(mask, int) and mask & SW_POWER_CAP and line not in found:
+            found.append(line)
     return found
 
 
