@@ -1,5 +1,5 @@
 """Which inventory provisioned this machine, as site.yml recorded it (roles/ct200_tools,
-tasks/provisioned.yml), so every playbook command this machine prints is whole: pasted on the
+tasks/spec.yml), so every playbook command this machine prints is whole: pasted on the
 controller, it runs against this machine."""
 
 from __future__ import annotations

@@ -160,6 +160,27 @@ def config_servers(servers: list[Mapping[str, Any]], wanted: bool = True) -> lis
     return [s for s in servers if engines.ENGINES[s["engine"]].config_file == wanted]
 
 
+def unit_files(
+    servers: list[Mapping[str, Any]],
+    ct200_site: Mapping[str, Any],
+    tools_bin: str,
+    unit_dir: str,
+    prefix: str,
+) -> list[dict[str, str]]:
+    """Every server's unit as the inference_servers role installs them, in one ct200_files run
+    instead of a template task per server: [{dest, content}], the bytes render() writes."""
+    template = environment().get_template(UNIT_TEMPLATE)
+    return [
+        {
+            "dest": f"{unit_dir}/{prefix}{server['name']}.service",
+            "content": template.render(
+                {"ct200_site": ct200_site, "server": server, "ct200_tools_bin": tools_bin}
+            ),
+        }
+        for server in servers
+    ]
+
+
 #: The filters both renderers register, by the names the templates use.
 FILTERS: Final[dict[str, Callable[..., Any]]] = {
     "ct200_unit_fields": unit_fields,

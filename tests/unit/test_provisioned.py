@@ -1,5 +1,5 @@
 """site.yml records which inventory provisioned the machine (roles/ct200_tools,
-tasks/provisioned.yml) and `ct200-serve chain` prints the whole recover.yml command from it
+tasks/spec.yml) and `ct200-serve chain` prints the whole recover.yml command from it
 (issue 19: a printed `ansible-playbook playbooks/recover.yml` without -i failed when pasted).
 Real ansible-playbook on localhost; the record is written to a temporary path."""
 
@@ -41,7 +41,7 @@ def provision(checkout: Path, record: Path) -> str:
                 {
                     "ansible.builtin.import_role": {
                         "name": "ct200_tools",
-                        "tasks_from": "provisioned.yml",
+                        "tasks_from": "spec.yml",
                     }
                 }
             ],
@@ -57,13 +57,24 @@ def provision(checkout: Path, record: Path) -> str:
             str(inventory),
             str(checkout / "playbooks" / "site.yml"),
             "-e",
-            f"ct200_tools_provisioned_path={record}",
+            json.dumps(
+                {
+                    "ct200_tools_provisioned_path": str(record),
+                    "ct200_tools_spec_path": str(record.parent / "site.yml"),
+                    "ct200_site": {"name": "my-site"},
+                }
+            ),
         ],
         capture_output=True,
         text=True,
         check=False,
         timeout=300,
-        env={**env, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_ROLES_PATH": str(REPO / "roles")},
+        env={
+            **env,
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
+            "ANSIBLE_LIBRARY": str(REPO / "plugins/modules"),
+        },
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout

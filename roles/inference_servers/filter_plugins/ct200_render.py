@@ -1,14 +1,15 @@
 """The filters of the server templates (templates/ct200-server.*.j2):
-ct200_tools.serve.render's own, so Ansible and ct200_tools.serve.render write the same bytes."""
+ct200_tools.serve.render's own, so Ansible and ct200_tools.serve.render write the same bytes; and
+ct200_unit_files, every server's unit rendered by it for one ct200_files run."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from ct200_tools.serve.render import FILTERS
+from ct200_tools.serve.render import FILTERS, unit_files
 
 
 class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
-        return dict(FILTERS)
+        return {**FILTERS, "ct200_unit_files": unit_files}
