@@ -102,6 +102,12 @@ def testbed_group(module: str) -> str:
     return module
 
 
+#: The testbed work that pushes or starts llama-server: under pytest-xdist it is handed out after
+#: the work that does not, so the build (started with the session) is done or nearly by then.
+LLAMA_GROUPS = ("llama", "matrix")
+LLAMA_SMOKES = ("test_servers_benchmark", "test_recovery_benchmark", "test_gate_benchmark")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A stable sort: within a tier (and a testbed module), the files' order stays as it was.
     rank = {name: i for i, name in enumerate(TIERS)}
@@ -111,7 +117,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         t = tier(item)
         return rank[t], order.get(item.path.stem, len(order)) if t == "testbed" else 0
 
-    items.sort(key=key)
+    def parallel(item: pytest.Item) -> tuple[int, int]:
+        # The scheduler hands out work in this order (no reordering by size): first the testbed
+        # work that needs no llama-server, then what does, then the llama tier; the fast tests
+        # last, many small pieces that fill the workers' ends.
+        t = tier(item)
+        if t != "testbed":
+            return (3 if t == "fast" else 2), 0
+        llama = testbed_group(item.path.stem) in LLAMA_GROUPS or item.name in LLAMA_SMOKES
+        return int(llama), order.get(item.path.stem, len(order))
+
+    items.sort(key=parallel if "PYTEST_XDIST_WORKER" in os.environ else key)
 
 
 def group_of(nodeid: str) -> str:
@@ -119,8 +135,12 @@ def group_of(nodeid: str) -> str:
     worker, in order), or the test alone. By node id, which is all a scheduler sees."""
     path = nodeid.split("::", 1)[0]
     stem = Path(path).stem
-    if Path(path).parent.name == "testbed" and stem in TESTBED_ORDER:
+    # A testbed module outside the groups (the fleet doctor's) is a group of its own, and a llama
+    # module stays on one worker: their module fixtures boot machines or start servers once.
+    if Path(path).parent.name == "testbed" and stem.startswith("test_"):
         return f"testbed group {testbed_group(stem)}"
+    if Path(path).parent.name == "llama":
+        return f"module {path}"
     return nodeid
 
 
@@ -137,6 +157,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid)
 
+    # In collection order (pytest_collection_modifyitems), not the largest groups first.
+    config.option.loadscopereorder = False
     return ByGroup(config, log)
 
 

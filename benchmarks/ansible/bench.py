@@ -73,9 +73,19 @@ def main() -> int:
         "--starts", type=_cli.count, default=3, help="warm starts to time (default 3)"
     )
     parser.add_argument("--cold", action="store_true", help="also time a from-scratch build")
+    parser.add_argument(
+        "--playbook",
+        default="playbooks/site.yml",
+        help="the playbook converged and re-run (default playbooks/site.yml; the smoke test's "
+        "tiny size: playbooks/host.yml, the host's roles alone)",
+    )
     args = parser.parse_args()
     settings = Settings.from_env()
-    results: dict[str, object] = {"machines": [s.name for s in SPECS], "reps": args.runs}
+    results: dict[str, object] = {
+        "machines": [s.name for s in SPECS],
+        "reps": args.runs,
+        "playbook": args.playbook,
+    }
 
     if args.cold:
         with _cli.scratch("cache", parent="/var/tmp") as tmp:
@@ -103,17 +113,17 @@ def main() -> int:
 
         tmp = stack.enter_context(_cli.scratch("ansible"))
         results["first_converge_s"] = round(
-            playbook(inventory, "playbooks/site.yml", tmp / "first.json"), 2
+            playbook(inventory, args.playbook, tmp / "first.json"), 2
         )
         site, facts, plain = [], [], []
         no_persist = {"ANSIBLE_PIPELINING": "False", "ANSIBLE_SSH_ARGS": "-o ControlMaster=no"}
         for i in range(args.runs):
             out = tmp / f"site-{i}.json"
-            site.append(playbook(inventory, "playbooks/site.yml", out))
+            site.append(playbook(inventory, args.playbook, out))
             if changed(out):
-                sys.exit(f"bench: site.yml re-run {i} changed something: not converged")
+                sys.exit(f"bench: {args.playbook} re-run {i} changed something: not converged")
             facts.append(playbook(inventory, "benchmarks/ansible/facts.yml", tmp / f"f-{i}.json"))
-            plain.append(playbook(inventory, "playbooks/site.yml", tmp / f"p-{i}.json", no_persist))
+            plain.append(playbook(inventory, args.playbook, tmp / f"p-{i}.json", no_persist))
         results["site_rerun_s"] = summary(site)
         results["facts_only_s"] = summary(facts)
         results["ratio_site_rerun_to_facts"] = round(

@@ -231,7 +231,9 @@ class Run:
             self.diffs.append({"before_header": path, "before": "absent\n", "after": "directory\n"})
             if not self.module.check_mode:
                 os.makedirs(path, int(item["mode"], 8))
-        if made or _attrs(self.module, path, item):
+        # Attributes also on a directory just made (makedirs honours the umask, not the owner).
+        fixed = os.path.isdir(path) and _attrs(self.module, path, item)
+        if made or fixed:
             self.changed_paths.append(path)
 
     def file(self, item: dict, before: bytes | None, after: bytes | None) -> None:
@@ -247,10 +249,11 @@ class Run:
                     self.fail(f"{parent}: no such directory (list it in directories)")
                 else:
                     _write(dest, after, item["mode"])
-        if dest in self.content_changed:
-            if after is not None:
-                self.changed_paths.append(dest)
-        elif after is not None and _attrs(self.module, dest, item):
+        if after is None:
+            return
+        # Attributes also on a file just written (it was made by root, with mkstemp's owner).
+        fixed = os.path.exists(dest) and _attrs(self.module, dest, item)
+        if fixed or dest in self.content_changed:
             self.changed_paths.append(dest)
 
 

@@ -226,3 +226,20 @@ def test_the_documentation_is_the_argument_spec() -> None:
         assert set(doc[key]["suboptions"]) == set(spec[key]["options"])
     for key, option in spec.items():
         assert doc[key].get("default") == option.get("default"), key
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="chown to another group needs root")
+def test_a_new_file_and_directory_get_their_owner_and_group(tmp_path: Path, box: Path) -> None:
+    """As the inference_servers' config files: root-owned, the service group's to read."""
+    args = {
+        "group": "daemon",
+        "directories": [{"path": str(box / "d"), "mode": "0750"}],
+        "files": [{"dest": str(box / "d/f"), "content": "x\n", "mode": "0640"}],
+    }
+    rc, _, out = run(tmp_path, args)
+    assert rc == 0, out
+    daemon = grp.getgrnam("daemon").gr_gid
+    for path, mode in ((box / "d", 0o750), (box / "d/f", 0o640)):
+        st = path.stat()
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, daemon, mode), path
+    assert not run(tmp_path, args)[1]["changed"]
