@@ -13,6 +13,8 @@
 # ~1 CPU-s/GB per core would then be measured instead of the copy. Where python3 lacks it, run
 # benchmarks/stage/carry_xxhash.sh here first and pass carry [".gpu-carry"] to the device tool:
 # the wheel matching python3 is unpacked into a temporary directory on PYTHONPATH.
+# FULL, FULL2 and ROUNDS replace the contenders of the first and second size and the rounds (a
+# diagnostic run of engine variants, e.g. FULL=ct200-stage,ct200-s1w,cat-parallel ROUNDS=2).
 # Time: the 8G run is bounded to LIMIT_FIRST_S (default 230 s); the 16G run gets what is left of
 # BUDGET_S (default 525 s). When the 8G run says the whole 16G set cannot fit, the 16G run drops
 # cat-sequential, then cp (ct200-stage and cat-parallel are what the goal compares), and
@@ -30,7 +32,11 @@ SIZES=${SIZES:-8G:2G 16G:1G}
 WHEELS=${WHEELS:-.gpu-carry/wheels}
 DATA=${DATA:-/tmp/ct200-bench-data}
 DST=${DST:-/dev/shm/ct200-bench}
-FULL=ct200-stage,cp,cat-parallel,cat-sequential,ct200-verify
+FULL=${FULL:-ct200-stage,cp,cat-parallel,cat-sequential,ct200-verify}
+#: Contenders of the second size, taken as they are (no dropping for time): e.g. the same engine
+#: variants at both sizes. Unset: FULL, less what the time left allows (below).
+FULL2=${FULL2:-}
+ROUNDS=${ROUNDS:-3}
 #: More contenders for the first size only, e.g. EXTRA=ct200-nolock: the stage without its
 #: per-file write lock, to see on the machine itself what the lock bought (about +35 s at 8G;
 #: the 16G run may then drop cat-sequential for time).
@@ -74,10 +80,10 @@ environment() {
 
 bench() {  # SIZE SHARD ONLY LIMIT_S
   local size=$1 shard=$2 only=$3 limit=$4 rc
-  loud "$size: --size $size --shard-size $shard --rounds 3 --only $only (limit ${limit}s)"
+  loud "$size: --size $size --shard-size $shard --rounds $ROUNDS --only $only (limit ${limit}s)"
   mkdir -p "$OUT/$size"
   timeout --kill-after=15 "$limit" "$PY" -m benchmarks.stage --out "$OUT/$size" \
-    --size "$size" --shard-size "$shard" --rounds 3 --only "$only" \
+    --size "$size" --shard-size "$shard" --rounds "$ROUNDS" --only "$only" \
     --data "$DATA-$size" --dst "$DST" --remove-data ${SETTLE:+--settle "$SETTLE"}
   rc=$?
   rm -rf "$DST" "$DATA-$size" "$OUT/$size/manifest.json"
@@ -104,6 +110,8 @@ main() {
   if [ "$left" -lt 60 ]; then
     loud "${second%%:*}: skipped, ${left}s left after ${first%%:*} (${t1}s)"
     return 1
+  elif [ -n "$FULL2" ]; then
+    only=$FULL2
   elif [ $((t1 * 17 / 10)) -le "$left" ]; then
     only=$FULL
   elif [ $((t1 * 14 / 10)) -le "$left" ]; then

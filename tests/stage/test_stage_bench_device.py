@@ -124,3 +124,20 @@ def test_a_carried_wheel_is_unpacked_not_installed(tmp_path: Path, shm_dst: Path
     assert results(tmp_path, "2M")["hash"] == "xxh3-128"
     check = subprocess.run([python, "-c", "import xxhash"], capture_output=True, check=False)
     assert check.returncode != 0, "the wheel was installed into the interpreter"
+
+
+def test_contenders_and_rounds_at_both_sizes(tmp_path: Path, shm_dst: Path) -> None:
+    """FULL, FULL2 and ROUNDS (e.g. more rounds of the two the goal compares): the contenders
+    given at each size, each compared with the parallel cats per round."""
+    first, second = "ct200-stage,cp,cat-parallel", "ct200-stage,cat-parallel"
+    proc = device(tmp_path, shm_dst, sys.executable, FULL=first, FULL2=second, ROUNDS="2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for size, only in (("2M", first), ("3M", second)):
+        report = results(tmp_path, size)
+        assert report["rounds"] == 2
+        runs = report["mb_per_s"]
+        assert isinstance(runs, dict) and set(runs) == set(only.split(","))
+        assert all(len(v["runs"]) == 2 for v in runs.values())
+        ratios = report["ratios"]
+        assert isinstance(ratios, dict)
+        assert len(ratios["ct200-stage/cat-parallel"]["per_round"]) == 2, ratios
