@@ -26,12 +26,13 @@ lint-ansible:
 	$(PY) -m testbed verify-units --spec inventory/ct200
 
 # The test tiers, by pytest marker (declared in tests/conftest.py): the full suite (CI, .ci/run)
-# runs every tier in one session, fast first, warming the slow tiers' caches meanwhile.
-# TEST_WORKERS=N runs it on N pytest-xdist workers instead: each testbed group (tests/conftest.py's
-# TESTBED_GROUPS) on one worker with a fresh testbed of its own, the groups side by side. Not the
-# default yet: on a cold 2-core machine four workers starved the llama-server build that two
-# groups wait for (tests/testbed/README.md has the figures).
-TEST_WORKERS ?= 0
+# runs every tier in one session on TEST_WORKERS pytest-xdist workers (default 2, one per core
+# of the CI machine): each testbed group (tests/conftest.py's TESTBED_GROUPS) on one worker with
+# a fresh testbed of its own, the work that needs no llama-server handed out first while its
+# build runs, the fast tests last. Measured on a fresh clone with cold caches on a 2-core
+# machine: 42 min with 2 workers, against 54 min in one process (tests/testbed/README.md).
+# TEST_WORKERS=0: one process, one testbed for the session, fast tier first.
+TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup,)
 test: lint lint-ansible
 	$(PY) -m pytest $(XDIST)

@@ -70,14 +70,14 @@ def tier(item: pytest.Item) -> str:
 
 
 #: The testbed modules by group, in the order they run. In one process the groups share the
-#: session's testbed, one after another; under pytest-xdist (`make test TEST_WORKERS=N`: -n N
-#: --dist loadgroup) each group gets a fresh testbed of its own (tests/testbed/conftest.py) and
-#: runs on one worker, at the same time as the other groups: the groups are independent, the
-#: modules within one are not. In "converge", the first module makes the shared
-#: converge on machines no playbook has run on; the modules after it layer on it and put back
-#: what they change (the host modules before the ones that start from a pristine pve). "llama"
-#: pushes llama-server (its build overlaps the other groups). A testbed module not named here
-#: is a group of its own; the benchmarks' smoke tests boot testbeds of their own.
+#: session's testbed, one after another; under pytest-xdist (`make test`, TEST_WORKERS=2 by default:
+#: -n N --dist loadgroup) each group gets a fresh testbed of its own (tests/testbed/conftest.py) and
+#: runs on one worker, at the same time as the other groups: the groups are independent, the modules
+#: within one are not. In "converge", the first module makes the shared converge on machines no
+#: playbook has run on; the modules after it layer on it and put back what they change (the host
+#: modules before the ones that start from a pristine pve). "llama" pushes llama-server (its build
+#: overlaps the other groups). A testbed module not named here is a group of its own; the
+#: benchmarks' smoke tests boot testbeds of their own.
 TESTBED_GROUPS = {
     "converge": (
         "test_testbed_playbooks",

@@ -2,12 +2,12 @@
 TESTBED_GROUPS), booted fresh for the group and torn down after it, and one converge of site.yml
 on it (``converged``) that the modules of the group needing a converged machine share.
 
-Under pytest-xdist (`make test TEST_WORKERS=4`: --dist loadgroup) each group runs on a worker of
-its own, at the same time as the others, on a testbed of its own that starts from machines no
-playbook has run on. A worker runs one group's modules to the end before it starts the next
-group's, so one testbed per worker is up at a time. Without xdist (one process, `make test`'s
-default) the session has one testbed, and the groups run on it one after another, each layering
-on what the one before left and put back.
+Under pytest-xdist (`make test`, two workers by default: --dist loadgroup) each group runs on
+a worker of its own, at the same time as the others, on a testbed of its own that starts from
+machines no playbook has run on. A worker runs one group's modules to the end before it starts
+the next group's, so one testbed per worker is up at a time. Without xdist (one process, `make
+test TEST_WORKERS=0`) the session has one testbed, and the groups run on it one after another,
+each layering on what the one before left and put back.
 
 The testbed takes a free slot from 1 up (slot 0 is the one people bring up by hand), so a test run
 never touches a testbed someone is using, and two test runs (or workers) on one machine do not
