@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.ct200_fsutil import write_atomic
 
 DOCUMENTATION = r"""
 module: ct200_files
@@ -151,29 +151,6 @@ def _read(path: str, st: os.stat_result | None) -> bytes | None:
         return fh.read()
 
 
-def _write(path: str, data: bytes, mode: str) -> None:
-    """Whole or not at all: a temporary file beside it, flushed, then renamed over it (with its
-    mode already, so no reader sees mkstemp's 0600 or a wider mode than asked)."""
-    directory = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
-    try:
-        os.fchmod(fd, int(mode, 8))
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
 def _attrs(module: AnsibleModule, path: str, item: dict) -> bool:
     wanted = {"mode": item["mode"], "owner": item["owner"], "group": item["group"]}
     args = module.load_file_common_arguments(wanted, path=path)
@@ -239,21 +216,21 @@ class Run:
     def file(self, item: dict, before: bytes | None, after: bytes | None) -> None:
         dest = item["dest"]
         if before != after:
+            parent = os.path.dirname(dest)
+            if after is not None and not self.module.check_mode and not os.path.isdir(parent):
+                self.fail(f"{parent}: no such directory (list it in directories)")
             self.content_changed.append(dest)
+            self.changed_paths.append(dest)
             self.diffs.append(_diff(dest, before, after or b""))
             if not self.module.check_mode:
                 if after is None:
                     os.unlink(dest)
-                elif not os.path.isdir(os.path.dirname(dest)):
-                    parent = os.path.dirname(dest)
-                    self.fail(f"{parent}: no such directory (list it in directories)")
                 else:
-                    _write(dest, after, item["mode"])
-        if after is None:
-            return
-        # Attributes also on a file just written (it was made by root, with mkstemp's owner).
-        fixed = os.path.exists(dest) and _attrs(self.module, dest, item)
-        if fixed or dest in self.content_changed:
+                    # Whole or not at all (ct200_tools/fsutil.py), with its mode before the rename.
+                    write_atomic(dest, item["content"], int(item["mode"], 8))
+        # Attributes also on a file just written (written by root: the owner and group follow).
+        fixed = after is not None and os.path.exists(dest) and _attrs(self.module, dest, item)
+        if fixed and dest not in self.changed_paths:
             self.changed_paths.append(dest)
 
 
@@ -308,7 +285,7 @@ def main() -> None:
     except OSError as exc:
         run.fail(f"{exc.filename}: {exc.strerror}")
     out = {
-        "changed": bool(run.changed_paths or run.content_changed),
+        "changed": bool(run.changed_paths),
         "changed_paths": run.changed_paths,
         "content_changed": run.content_changed,
     }

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
+from ct200_tools import fsutil
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 USER = pwd.getpwuid(os.getuid()).pw_name
@@ -204,7 +206,7 @@ def test_content_is_required_for_a_file(tmp_path: Path, box: Path) -> None:
     assert tree(box) == {}
 
 
-def test_the_documentation_is_the_argument_spec() -> None:
+def test_the_documentation_is_the_argument_spec(monkeypatch: pytest.MonkeyPatch) -> None:
     """ansible-doc finds the module by its short name, and its options are the ones it takes."""
     proc = subprocess.run(
         [str(VENV_BIN / "ansible-doc"), "-t", "module", "--json", "ct200_files"],
@@ -216,6 +218,8 @@ def test_the_documentation_is_the_argument_spec() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)["ct200_files"]["doc"]["options"]
+    # What Ansible ships as module_utils/ct200_fsutil.py (a link to it), for the import here.
+    monkeypatch.setitem(sys.modules, "ansible.module_utils.ct200_fsutil", fsutil)
     loader = importlib.util.spec_from_file_location("ct200_files", MODULE)
     assert loader is not None and loader.loader is not None
     module = importlib.util.module_from_spec(loader)
@@ -243,3 +247,10 @@ def test_a_new_file_and_directory_get_their_owner_and_group(tmp_path: Path, box:
         st = path.stat()
         assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, daemon, mode), path
     assert not run(tmp_path, args)[1]["changed"]
+
+
+def test_the_shipped_write_is_the_projects_own() -> None:
+    """module_utils/ct200_fsutil.py is ct200_tools/fsutil.py (a link), shipped with the module."""
+    shipped = ROOT / "plugins/module_utils/ct200_fsutil.py"
+    assert shipped.is_symlink()
+    assert shipped.resolve() == (ROOT / "ct200_tools/fsutil.py").resolve()

@@ -1,0 +1,1 @@
+../../ct200_tools/fsutil.py
