@@ -105,7 +105,7 @@ def testbed_group(module: str) -> str:
 #: The testbed work that pushes or starts llama-server: under pytest-xdist it is handed out after
 #: the work that does not, so the build (started with the session) is done or nearly by then.
 LLAMA_GROUPS = ("llama", "matrix")
-LLAMA_SMOKES = ("test_servers_benchmark", "test_recovery_benchmark", "test_gate_benchmark")
+LLAMA_SMOKES = ("test_servers_benchmark", "test_recovery_benchmark")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
