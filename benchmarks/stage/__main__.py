@@ -269,7 +269,12 @@ def select(only: str) -> tuple[list[str], list[str], list[str]]:
 def main() -> None:
     a = args()
     out = a.out
-    size, shard = parse_size(a.size), parse_size(a.shard_size)
+    try:
+        size, shard = parse_size(a.size), parse_size(a.shard_size)
+    except ValueError:
+        sys.exit(f"--size {a.size!r} / --shard-size {a.shard_size!r}: give bytes or 8G, 512M, ...")
+    if size <= 0 or shard <= 0:
+        sys.exit("--size and --shard-size must be above 0")
     src, dst = Path(a.data), Path(a.dst)
     contenders, verifiers, skipped = select(a.only)
     free = shutil.disk_usage(dst.parent).free

@@ -141,3 +141,12 @@ def test_contenders_and_rounds_at_both_sizes(tmp_path: Path, shm_dst: Path) -> N
         ratios = report["ratios"]
         assert isinstance(ratios, dict)
         assert len(ratios["ct200-stage/cat-parallel"]["per_round"]) == 2, ratios
+
+
+def test_one_size_is_one_run(tmp_path: Path, shm_dst: Path) -> None:
+    """SIZES with one SIZE:SHARD: that run alone, exit 0, no second run of an empty size."""
+    proc = device(tmp_path, shm_dst, sys.executable, SIZES="2M:1M", FULL="ct200-stage,cp")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["2M", "env.txt", "run.log"]
+    assert set(results(tmp_path, "2M")["mb_per_s"]) == {"ct200-stage", "cp"}  # type: ignore[arg-type]
