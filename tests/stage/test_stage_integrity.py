@@ -27,6 +27,7 @@ from ct200_tools.stage.progress import NullProgress
 from ct200_tools.stage.stager import StageOptions, stage
 from ct200_tools.stage.status import model_status
 from ct200_tools.stage.verify import verify_tree
+from tests.foreground import foreground
 
 from .conftest import (
     CHUNK,
@@ -330,7 +331,7 @@ def test_sigint_exits_130_and_the_rerun_resumes(tmp_path: Path, shm: Path) -> No
     mpath = tmp_path / "m.json"
     write_manifest(src, mpath)
     dst = shm / "m"
-    res = traced(stage_argv(src, dst, mpath, jobs=1), "pwrite64:signal=INT:when=5")
+    res = traced(foreground(stage_argv(src, dst, mpath, jobs=1)), "pwrite64:signal=INT:when=5")
     assert res.returncode == 130, (res.returncode, res.stderr)
     assert "interrupted" in res.stderr and "Traceback" not in res.stderr
     assert _json(res.stdout)["error"]["kind"] == "interrupted"  # type: ignore[index]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.foreground import foreground
 from tests.unit.bench_helpers import BENCH, REPO, bench, standin
 
 pytestmark = pytest.mark.timeout(180)
@@ -131,8 +132,9 @@ def test_ctrl_c_keeps_finished_points_and_marks_the_run_interrupted(tmp_path: Pa
     # the third: the run cannot end before the signal, however slow this machine is.
     with standin("--itl", "0.01", "--stall-after", "3") as url:
         proc = subprocess.Popen(
-            [*BENCH, "run", "--target", url, "--concurrency", "1,2,3", "--input-tokens", "4",
-             "--output-tokens", "5", "--requests", "2", "--out", str(out)],
+            foreground([*BENCH, "run", "--target", url, "--concurrency", "1,2,3",
+                        "--input-tokens", "4", "--output-tokens", "5", "--requests", "2",
+                        "--out", str(out)]),
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         deadline = time.monotonic() + 60
