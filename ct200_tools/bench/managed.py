@@ -1,13 +1,14 @@
 """The managed mode's admission of a serving set: switch to it, then the doctor's verdict.
 
-For each serving set of the plan (a server of the site spec), `ct200-bench run PLAN` without
---target calls `ct200-serve switch NAME` (ct200_tools.serve.switch: stops what is in the way,
-restages, starts behind the units' gates; timed) and then the doctor's full check for that
-server (`ct200-doctor check --server NAME`: its GPUs, CUDA on them, its models staged, its unit
-active, its port, its answer, its processes on its GPUs). The set is benchmark-ready when that
-check exits 0 (warnings allowed). Otherwise the run refuses (NotReady, exit 5) with the doctor's
-root cause and fix, unless --force: then it runs, and every point records `forced: true` and the
-failing findings. The server's URL comes from the spec (engines.base_url), never typed again.
+For each serving set of the plan (servers of the site spec), `ct200-bench run PLAN` without
+--target calls `ct200-serve switch NAME...` once for the set's servers (ct200_tools.serve.switch:
+stops what is in the way, restages, starts behind the units' gates; timed) and then the doctor's
+full check of each server (`ct200-doctor check --server NAME`: its GPUs, CUDA on them, its models
+staged, its unit active, its port, its answer, its processes on its GPUs). A server is
+benchmark-ready when that check exits 0 (warnings allowed). Otherwise the run refuses
+(NotReady, exit 5) with the doctor's root cause and fix, unless --force: then it runs, and every
+point records `forced: true` and the failing findings. The server's URL comes from the spec
+(engines.base_url), never typed again.
 
 Switching and checking touch systemd, NVML and CUDA: they are parameters, so the unit tests pass
 stand-ins and the testbed runs the real ones.
@@ -16,10 +17,11 @@ stand-ins and the testbed runs the real ones.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ct200_tools.bench.plan import ServingSet
 from ct200_tools.doctor.checks.base import Finding
 from ct200_tools.facts import Facts, to_jsonable
 from ct200_tools.serve import engines
@@ -65,19 +67,20 @@ class Readiness:
     text: str
 
 
-Switcher = Callable[[SiteSpec, str], SwitchReport]
+Switcher = Callable[[SiteSpec, Sequence[str]], SwitchReport]
 Checker = Callable[[SiteSpec, str], Readiness]
 
 
-def switch_to(site: SiteSpec, name: str) -> SwitchReport:
-    """`ct200-serve switch NAME` in this process: one switch at a time on the machine."""
+def switch_to(site: SiteSpec, names: Sequence[str]) -> SwitchReport:
+    """`ct200-serve switch NAME...` in this process: one switch at a time on the machine."""
+    name = " ".join(names)
     from ct200_tools.serve import switch as sw  # noqa: PLC0415
     from ct200_tools.serve.serving import ServingError  # noqa: PLC0415
     from ct200_tools.serve.systemd import SystemdError  # noqa: PLC0415
 
     try:
         with sw.locked():
-            return sw.Switch(site).run([name])
+            return sw.Switch(site).run(list(names))
     except ServingError as exc:
         raise NotReady(f"ct200-serve switch {name}: {exc.message}", exc.fix) from None
     except SystemdError as exc:
@@ -169,7 +172,7 @@ def machine_summary(facts: Facts | None, name: str) -> dict[str, object]:
 
 @dataclass(frozen=True)
 class Admission:
-    """A serving set admitted to the benchmark (or forced through)."""
+    """A server of a serving set admitted to the benchmark (or forced through)."""
 
     name: str
     server: ServerSpec
@@ -178,11 +181,13 @@ class Admission:
     switch_seconds: float
     readiness: Readiness
     forced: bool
+    #: The plan's serving set this server was switched to with.
+    serving_set: str = ""
 
     @property
     def point_fields(self) -> dict[str, object]:
-        """What each of the set's points carries about its admission."""
-        fields: dict[str, object] = {"forced": self.forced}
+        """What each of the server's points carries about its admission."""
+        fields: dict[str, object] = {"server": self.name, "forced": self.forced}
         if self.forced:
             fields["gate_failures"] = failing(self.readiness.findings)
         return fields
@@ -192,6 +197,7 @@ class Admission:
         r = self.readiness
         return {
             "server": self.name,
+            "serving_set": self.serving_set or self.name,
             "target": self.target,
             "engine_kind": self.server.engine,
             "gpus": list(self.server.gpus),
@@ -212,40 +218,50 @@ class Admission:
 
 def admit(
     site: SiteSpec,
-    name: str,
+    sset: ServingSet,
     force: bool,
     switcher: Switcher = switch_to,
     checker: Checker = doctor_check,
     clock: Callable[[], float] = time.monotonic,
-) -> Admission:
-    """Switch to `name` and judge it; NotReady when the switch fails, or the check fails
-    without `force`."""
-    server = site.server(name)
-    if server is None:  # the session checks the names first; this is the last guard
-        raise NotReady(f"no server {name!r} in the spec", "name a server of the site spec")
+) -> tuple[Admission, ...]:
+    """Switch to the set's servers at once, then judge each; NotReady when the switch fails, or
+    a server's check fails without `force` (the first such server, with the doctor's text)."""
+    servers: list[ServerSpec] = []
+    for n in sset.servers:
+        server = site.server(n)
+        if server is None:  # the session checks the names first; this is the last guard
+            raise NotReady(f"no server {n!r} in the spec", "name a server of the site spec")
+        servers.append(server)
+    names = " ".join(sset.servers)
     t0 = clock()
-    report = switcher(site, name)
+    report = switcher(site, sset.servers)
     seconds = clock() - t0
     if not report.ok:
         raise NotReady(
-            f"ct200-serve switch {name} failed at {report.failure}",
-            f"see `ct200-serve switch {name}` and `ct200-doctor check --server {name}` for "
+            f"ct200-serve switch {names} failed at {report.failure}",
+            f"see `ct200-serve switch {names}` and `ct200-doctor check --server NAME` for "
             "the cause and its fix",
         )
-    readiness = checker(site, name)
-    if readiness.code != 0 and not force:
-        raise NotReady(
-            f"{name} is not benchmark-ready: {readiness.verdict}",
-            f"apply the fix above, then run again; or add --force to benchmark {name} anyway "
-            "(its points are recorded as forced, with these findings)",
-            tuple(readiness.text.splitlines()),
+    admitted = []
+    for name, server in zip(sset.servers, servers, strict=True):
+        readiness = checker(site, name)
+        if readiness.code != 0 and not force:
+            raise NotReady(
+                f"{name} is not benchmark-ready: {readiness.verdict}",
+                f"apply the fix above, then run again; or add --force to benchmark {name} "
+                "anyway (its points are recorded as forced, with these findings)",
+                tuple(readiness.text.splitlines()),
+            )
+        admitted.append(
+            Admission(
+                name,
+                server,
+                engines.base_url(server),
+                report.to_dict(),
+                seconds,
+                readiness,
+                forced=readiness.code != 0,
+                serving_set=sset.name,
+            )
         )
-    return Admission(
-        name,
-        server,
-        engines.base_url(server),
-        report.to_dict(),
-        seconds,
-        readiness,
-        forced=readiness.code != 0,
-    )
+    return tuple(admitted)

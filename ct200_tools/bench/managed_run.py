@@ -6,13 +6,12 @@ spec's target with GPU telemetry and /metrics around each; provenance of the mac
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Final
 
 from ct200_tools.bench import managed, provenance, telemetry
-from ct200_tools.bench.plan import Plan, PlanError
+from ct200_tools.bench.plan import Plan, PlanError, ServingSet
 from ct200_tools.bench.results import Store
 from ct200_tools.bench.runner import BenchError, Sweep, points, resolve_model
 from ct200_tools.bench.session import (
@@ -27,7 +26,7 @@ from ct200_tools.bench.session import (
 )
 from ct200_tools.bench.watch import GpuWatch, MetricsWatch
 from ct200_tools.facts import to_jsonable
-from ct200_tools.serve import engines
+from ct200_tools.serve import engines, serving
 from ct200_tools.spec import SiteSpec
 from ct200_tools.untrusted import UntrustedInputError, read_bounded, show
 
@@ -93,13 +92,27 @@ def check_sets(plan: Plan, site: SiteSpec) -> None:
             )
         )
     names = ", ".join(s.name for s in site.servers) or "none"
-    for i, name in enumerate(plan.serving_sets):
-        if site.server(name) is None:
+    for i, sset in enumerate(plan.serving_sets):
+        found = []
+        for j, name in enumerate(sset.servers):
+            server = site.server(name)
+            if server is None:
+                issues.append(
+                    SpecIssue(
+                        f"serving_sets[{i}]" + ("" if sset.single else f".servers[{j}]"),
+                        f"{show(name, 80)} is no server of the site spec {show(site.source, 120)}",
+                        f"name one of its servers: {show(names, 400)}",
+                    )
+                )
+            else:
+                found.append(server)
+        problems = serving.conflicts(found)
+        if problems:
             issues.append(
                 SpecIssue(
-                    f"serving_sets[{i}]",
-                    f"{show(name, 80)} is no server of the site spec {show(site.source, 120)}",
-                    f"name one of its servers: {show(names, 400)}",
+                    f"serving_sets[{i}].servers",
+                    f"cannot serve side by side: {show('; '.join(problems), 400)}",
+                    "put servers that share a GPU or a port in separate serving sets",
                 )
             )
     if issues:
@@ -127,7 +140,7 @@ def _managed_start(
 
 
 def _run_set(
-    name: str,
+    sset: ServingSet,
     plan: Plan,
     m: Managed,
     store: Store,
@@ -136,26 +149,47 @@ def _run_set(
     done: frozenset[str],
     printer: Printer,
 ) -> int:
-    """One serving set: admitted (or refused: NotReady), then its points; how many recorded."""
+    """One serving set: switched to and each server admitted (or refused: NotReady), then each
+    server's points in turn; how many recorded."""
     sets = prov["sets"]
     if not isinstance(sets, dict):
         sets = prov["sets"] = {}
-    one = dataclasses.replace(plan, serving_sets=(name,))
-    if all(p.key in done for p in points(one, name)):
+    if all(p.key in done for n in sset.servers for p in points(plan, sset.label(n))):
         return 0
     try:
-        admission = managed.admit(
+        admitted = managed.admit(
             m.site,
-            name,
+            sset,
             m.force,
             m.switcher or managed.switch_to,
             m.checker or managed.doctor_check,
         )
     except managed.NotReady as exc:
-        sets[name] = {"admitted": False, "refused": exc.message}
+        sets[sset.name] = {"admitted": False, "refused": exc.message}
         prov.update(state="refused", finished=provenance.now_iso())
         store.write_provenance(run_id, prov)
         raise
+    recorded = 0
+    for admission in admitted:
+        label = sset.label(admission.name)
+        if not all(p.key in done for p in points(plan, label)):
+            recorded += _run_server(admission, label, plan, m, store, run_id, prov, printer, done)
+    return recorded
+
+
+def _run_server(
+    admission: managed.Admission,
+    label: str,
+    plan: Plan,
+    m: Managed,
+    store: Store,
+    run_id: str,
+    prov: dict[str, object],
+    printer: Printer,
+    done: frozenset[str],
+) -> int:
+    """One admitted server's points, recorded under `label`; how many recorded."""
+    name = admission.name
     wanted = plan.model or engines.served_name(admission.server)
     model, info = asyncio.run(resolve_model(admission.target, wanted))
     sampler = telemetry.Telemetry(admission.server.gpus, m.nvml)
@@ -167,26 +201,28 @@ def _run_set(
         files=managed.server_files(name, m.unit_dir),
         gpu=sampler.sample(),
     )
-    sets[name] = entry
+    sets = prov["sets"]
+    if isinstance(sets, dict):  # _run_set made it one
+        sets[label] = entry
     store.write_provenance(run_id, prov)
     echo = printer.echo
     if not printer.as_json:
         gate = "FORCED past the doctor" if admission.forced else "benchmark-ready"
         echo(
-            f"ct200-bench: {name}: switched in {admission.switch_seconds:.1f} s, {gate}; "
+            f"ct200-bench: {label}: switched in {admission.switch_seconds:.1f} s, {gate}; "
             f"{show(admission.target)} ({provenance.describe_engine(info)}), model "
             f"{show(model, 80)}"
         )
         if admission.forced:
             echo(f"  {admission.readiness.verdict}")
     sweep = Sweep(
-        one,
+        plan,
         admission.target,
         store,
         run_id,
         model,
         done,
-        name,
+        label,
         printer,
         gated=True,
         extra=admission.point_fields,
@@ -221,14 +257,14 @@ def run_managed(
     repair_tail(store, echo)
     if not as_json:
         echo(
-            f"ct200-bench: run {run_id}, managed: {', '.join(plan.serving_sets)}"
+            f"ct200-bench: run {run_id}, managed: {', '.join(plan.set_names)}"
             + (f"; resuming after {len(done)} point(s)" if resume else "")
         )
     printer = Printer(echo, as_json, tty)
     recorded = 0
     with ending(store, run_id, prov):
-        for name in plan.serving_sets:
-            recorded += _run_set(name, plan, m, store, run_id, prov, done, printer)
+        for sset in plan.serving_sets:
+            recorded += _run_set(sset, plan, m, store, run_id, prov, done, printer)
     if not as_json:
         echo(
             f"ct200-bench: {recorded} point(s) recorded, {printer.failed} failed request(s); "

@@ -3,11 +3,15 @@
 Validated like the site spec, with the same bounded reader (ct200_tools.spec.files: size, UTF-8,
 alias bombs, duplicate keys) and the same Section getters, so every problem is reported at once
 with its field path and the fix, before anything is sent. `serving_sets` names servers of the
-site spec: without --target each is switched to and admitted by the doctor in turn (managed.py,
-which checks the names against the spec); with --target a plan names at most one, its label.
+site spec: without --target each set is switched to and admitted by the doctor in turn
+(managed.py, which checks the names against the spec); with --target a plan names at most one
+one-server set, its label. A set of several servers is switched to at once (they serve side by
+side, as on the machine), each admitted by the doctor, then benchmarked one after the other.
 
 ```yaml
-serving_sets: [qwen-tp4-ddtree]          # names from the site spec; a label with --target
+serving_sets:                            # names from the site spec; a label with --target
+  - qwen-tp4-ddtree                      # one server: the set is named after it
+  - {name: qwen-pair, servers: [qwen-tp4-ddtree, qwen-tp4-base]}   # two side by side
 workloads:
   - {name: short, input_tokens: 128, output_tokens: 64, requests: 32}
   - {name: chat, prompts: prompts.jsonl, output_tokens: 256, requests: 64}
@@ -42,7 +46,8 @@ MAX_REQUESTS: Final = 1_000_000
 MAX_TOKENS: Final = 1 << 20
 
 ROOT: Final = {
-    "serving_sets": "[qwen-tp4-ddtree]",
+    "serving_sets": "[qwen-tp4-ddtree, {name: qwen-pair, servers: [qwen-tp4-ddtree, "
+    "qwen-tp4-base]}]",
     "workloads": "[{name: short, input_tokens: 128, output_tokens: 64, requests: 32}]",
     "concurrency": "[1, 4, 8]",
     "request_rates": "[2.0, 8.0]",
@@ -61,6 +66,9 @@ WORKLOAD: Final = {
     "requests": "32",
 }
 SLO: Final = {"ttft_ms": "2000", "tpot_ms": "50", "e2e_ms": "60000"}
+SERVING_SET: Final = {"name": "qwen-pair", "servers": "[qwen-tp4-ddtree, qwen-tp4-base]"}
+#: Servers one set may switch to at once (CT200 has 8 GPUs: 8 one-GPU servers at most).
+MAX_SET_SERVERS: Final = 16
 
 
 class PlanError(SpecError):
@@ -83,11 +91,39 @@ class Workload:
 
 
 @dataclass(frozen=True)
+class ServingSet:
+    """Servers of the site spec switched to together; each is benchmarked in turn."""
+
+    name: str
+    servers: tuple[str, ...]
+
+    @classmethod
+    def of(cls, value: str | ServingSet) -> ServingSet:
+        """A set as the plan may write it: a server's name is the set of that one server."""
+        return value if isinstance(value, ServingSet) else cls(value, (value,))
+
+    @property
+    def single(self) -> bool:
+        """One server, the set named after it (the plain `- NAME` form)."""
+        return self.servers == (self.name,)
+
+    def label(self, server: str) -> str:
+        """The configuration's name in results and reports: the server's in a plain set, else
+        SET/SERVER."""
+        return server if self.single else f"{self.name}/{server}"
+
+    def as_plan(self) -> str | dict[str, object]:
+        """As the plan writes it (provenance, and the comparison on --resume)."""
+        return self.name if self.single else {"name": self.name, "servers": list(self.servers)}
+
+
+@dataclass(frozen=True)
 class Plan:
     workloads: tuple[Workload, ...]
     concurrency: tuple[int, ...] = ()
     request_rates: tuple[float, ...] = ()
-    serving_sets: tuple[str, ...] = ()
+    #: Server names are taken as one-server sets (ServingSet.of).
+    serving_sets: tuple[ServingSet, ...] = ()
     repetitions: int = 1
     warmup: int = 0
     slo: Slo = field(default_factory=Slo)
@@ -96,10 +132,19 @@ class Plan:
     model: str | None = None
     source: str = "(options)"
 
+    def __post_init__(self) -> None:
+        sets = tuple(ServingSet.of(x) for x in self.serving_sets)
+        object.__setattr__(self, "serving_sets", sets)
+
+    @property
+    def set_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.serving_sets)
+
     def as_dict(self) -> dict[str, object]:
         """The plan as recorded in provenance (and compared on --resume)."""
         out = asdict(self)
         out.pop("source")
+        out["serving_sets"] = [s.as_plan() for s in self.serving_sets]
         plain: dict[str, object] = json.loads(json.dumps(out))  # tuples as lists, as in JSON
         return plain
 
@@ -215,16 +260,16 @@ def validate(data: object, source: str, base: Path) -> Plan:
             "no concurrency levels and no request_rates: nothing to measure",
             f"add concurrency: {ROOT['concurrency']} (or request_rates: {ROOT['request_rates']})",
         )
-    sets = []
+    sets: list[ServingSet] = []
     for i, value in enumerate(entries(s, "serving_sets", 64)):
-        if not isinstance(value, str) or not value.strip():
+        one = _serving_set(issues, value, f"serving_sets[{i}]")
+        if one is None:
+            continue
+        if any(other.name == one.name for other in sets):
             issues.error(
-                f"serving_sets[{i}]",
-                f"expected a serving set's name, got {kind(value)} {show(value)}",
-                "write the server names of the site spec, e.g. [qwen-tp4-ddtree]",
+                f"serving_sets[{i}]", f"{show(one.name)} is named twice", "name each set once"
             )
-        elif issues.one_line(f"serving_sets[{i}]", value):
-            sets.append(value)
+        sets.append(one)
     slo = Slo()
     slo_s = subsection(s, "slo", SLO)
     if slo_s is not None:
@@ -249,6 +294,50 @@ def validate(data: object, source: str, base: Path) -> Plan:
         model=model,
         source=source,
     )
+
+
+def _serving_set(issues: Issues, value: object, where: str) -> ServingSet | None:
+    """`- NAME` (a server of the spec) or `- {name: SET, servers: [NAME, ...]}`."""
+    if isinstance(value, str):
+        if not value.strip():
+            issues.error(where, "is empty", "write a server name of the site spec")
+            return None
+        return ServingSet.of(value) if issues.one_line(where, value) else None
+    if not isinstance(value, dict):
+        issues.error(
+            where,
+            f"expected a server's name or {{name, servers}}, got {kind(value)} {show(value)}",
+            f"write a server name of the site spec, or {{name: {SERVING_SET['name']}, servers: "
+            f"{SERVING_SET['servers']}}}",
+        )
+        return None
+    s = section(issues, value, where, SERVING_SET, required=("name", "servers"))
+    if s is None:
+        return None
+    name = s.get_str("name")
+    listed = entries(s, "servers", MAX_SET_SERVERS)
+    servers: list[str] = []
+    for j, server in enumerate(listed):
+        at = f"{where}.servers[{j}]"
+        if not isinstance(server, str) or not server.strip():
+            issues.error(
+                at,
+                f"expected a server's name, got {kind(server)} {show(server)}",
+                "write a server name of the site spec",
+            )
+        elif server in servers:
+            issues.error(at, f"{show(server)} is listed twice", "list each server once")
+        elif issues.one_line(at, server):
+            servers.append(server)
+    if "servers" in s.data and not listed and isinstance(s.data["servers"], list | None):
+        issues.error(
+            f"{where}.servers",
+            "lists no server",
+            f"list the servers switched to together, e.g. {SERVING_SET['servers']}",
+        )
+    if name is None or not servers or len(servers) != len(listed):
+        return None
+    return ServingSet(name, tuple(servers))
 
 
 def load_plan(path: str) -> Plan:

@@ -49,10 +49,10 @@ class Point:
 
 
 def points(plan: Plan, label: str) -> list[Point]:
-    sets = plan.serving_sets or (label,)
+    """One configuration's points (a server, named `label` in the results): every workload at
+    every load, each repetition."""
     return [
-        Point(s, w, c, r, rep)
-        for s in sets
+        Point(label, w, c, r, rep)
         for w in plan.workloads
         for c, r in plan.loads()
         for rep in range(1, plan.repetitions + 1)

@@ -101,14 +101,16 @@ def run(
     tty: bool,
 ) -> Outcome:
     store = Store(out_dir)
-    if plan.serving_sets:
-        label = plan.serving_sets[0]
-    if len(plan.serving_sets) > 1:
+    if len(plan.serving_sets) > 1 or any(not s.single for s in plan.serving_sets):
         raise BenchError(
-            f"the plan names {len(plan.serving_sets)} serving sets, and --target is one server",
-            "benchmark one serving set per --target run (serving_sets: [NAME]), or run the "
-            "plan without --target on the container: it switches to each set in turn",
+            f"the plan names {len(plan.serving_sets)} serving set(s) of "
+            f"{sum(len(s.servers) for s in plan.serving_sets)} server(s), and --target is one "
+            "server",
+            "benchmark one server per --target run (serving_sets: [NAME]), or run the plan "
+            "without --target on the container: it switches to each set in turn",
         )
+    if plan.serving_sets:
+        label = plan.serving_sets[0].name
     if resume:
         run_id, prov, done = resume_run(store, plan, target, label, out_dir, argv)
     else:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,10 +38,11 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 STOPPED = FIXTURES / "facts" / "llama-cpu-stopped.json"
 
 
-def write_site(tmp: Path, port: int) -> Path:
-    """Two servers on the stand-in's port: `set-a` on GPU 0, `set-b` without a GPU."""
+def write_site(tmp: Path, port: int, port_b: int | None = None) -> Path:
+    """Two servers on the stand-in's port: `set-a` on GPU 0, `set-b` without a GPU (on port_b
+    when given: then they can serve side by side)."""
 
-    def server(name: str, gpus: list[int]) -> dict[str, object]:
+    def server(name: str, gpus: list[int], port: int = port) -> dict[str, object]:
         return {
             "name": name,
             "engine": "command",
@@ -58,7 +59,7 @@ def write_site(tmp: Path, port: int) -> Path:
             "models": [
                 {"name": "tiny", "source": "/srv/models/tiny", "staged": "/dev/shm/models/tiny"}
             ],
-            "servers": [server("set-a", [0]), server("set-b", [])],
+            "servers": [server("set-a", [0]), server("set-b", [], port_b or port)],
         }
     }
     path = tmp / "site.yml"
@@ -66,7 +67,7 @@ def write_site(tmp: Path, port: int) -> Path:
     return path
 
 
-def write_plan(tmp: Path, sets: list[str]) -> Path:
+def write_plan(tmp: Path, sets: list[object]) -> Path:
     plan = {
         "serving_sets": sets,
         "workloads": [{"name": "w", "input_tokens": 8, "output_tokens": 3, "requests": 2}],
@@ -96,7 +97,8 @@ class Switches:
     fail: frozenset[str] = frozenset()
     calls: list[str] = field(default_factory=list)
 
-    def __call__(self, site: SiteSpec, name: str) -> SwitchDone:
+    def __call__(self, site: SiteSpec, names: Sequence[str]) -> SwitchDone:
+        name = " ".join(names)
         self.calls.append(name)
         if name in self.fail:
             return SwitchDone(False, "start: set-b: llama-server exited 1")
@@ -133,15 +135,16 @@ def server() -> Iterator[tuple[str, int]]:
 def run(
     tmp: Path,
     port: int,
-    sets: list[str],
+    sets: list[object],
     *,
     force: bool = False,
     switcher: managed.Switcher | None = None,
     checker: managed.Checker = ready,
     resume: bool = False,
     nvml: nvml_standin.NvmlStandin | None = None,
+    port_b: int | None = None,
 ) -> tuple[session.Outcome, Path]:
-    spec = write_site(tmp, port)
+    spec = write_site(tmp, port, port_b)
     out = tmp / "out"
     printed: list[str] = []
     outcome = managed_run.run_managed(
@@ -370,3 +373,56 @@ def test_the_machine_summary_of_recorded_h200_facts() -> None:
         "gpus": ["NVIDIA H200"],
     }
     assert got["engine_installed"] == {"dist": None, "version": None}
+
+
+def test_a_set_of_two_servers_is_switched_to_once_and_each_measured_in_turn(
+    tmp_path: Path, server: tuple[str, int]
+) -> None:
+    url_a, port_a = server
+    with standin("--itl", "0.001") as url_b:
+        port_b = int(url_b.rsplit(":", 1)[1])
+        switches = Switches()
+        checked: list[str] = []
+
+        def check(site: SiteSpec, name: str) -> managed.Readiness:
+            checked.append(name)
+            return ready(site, name)
+
+        pair = {"name": "pair", "servers": ["set-a", "set-b"]}
+        outcome, out = run(
+            tmp_path, port_a, [pair], switcher=switches, checker=check, port_b=port_b
+        )
+    # One switch to both (they serve side by side), the doctor's check of each, then each
+    # server's points in turn, each under SET/SERVER against its own port.
+    assert switches.calls == ["set-a set-b"] and checked == ["set-a", "set-b"]
+    got = points(out)
+    assert outcome.points == 4
+    assert [(p["serving_set"], p["server"], p["target"], p["concurrency"]) for p in got] == [
+        ("pair/set-a", "set-a", url_a, 1),
+        ("pair/set-a", "set-a", url_a, 2),
+        ("pair/set-b", "set-b", url_b, 1),
+        ("pair/set-b", "set-b", url_b, 2),
+    ]
+    sets = provenance(out)["sets"]
+    assert isinstance(sets, dict) and sorted(sets) == ["pair/set-a", "pair/set-b"]
+    assert {s["serving_set"] for s in sets.values()} == {"pair"}
+    assert provenance(out)["plan"]["serving_sets"] == [pair]  # type: ignore[index]
+
+
+def test_servers_that_cannot_serve_side_by_side_are_a_plan_error(tmp_path: Path) -> None:
+    switches = Switches()
+    with pytest.raises(PlanError) as err:  # both on one port
+        run(tmp_path, 9, [{"name": "pair", "servers": ["set-a", "set-b"]}], switcher=switches)
+    (issue,) = err.value.issues
+    assert issue.path == "serving_sets[0].servers" and "both listen on port 9" in issue.message
+    assert switches.calls == []
+    with pytest.raises(PlanError) as err:
+        run(tmp_path, 9, [{"name": "pair", "servers": ["set-a", "nope"]}], switcher=switches)
+    assert [i.path for i in err.value.issues] == ["serving_sets[0].servers[1]"]
+
+
+def test_a_target_run_refuses_a_set_of_several_servers(tmp_path: Path) -> None:
+    plan = write_plan(tmp_path, [{"name": "pair", "servers": ["a", "b"]}])
+    proc = bench("run", str(plan), "--target", "http://127.0.0.1:9", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2, proc.stderr
+    assert "--target is one server" in proc.stderr and "Traceback" not in proc.stderr

@@ -87,6 +87,16 @@ def mutate(path: str, value: object) -> dict[str, object]:
         ("repetitions", 0, "repetitions", "out of range"),
         ("request_rates.0", 0, "request_rates[0]", "above 0"),
         ("serving_sets.0", "a\nb", "serving_sets[0]", "control character"),
+        ("serving_sets.0", 5, "serving_sets[0]", "a server's name or {name, servers}"),
+        ("serving_sets.0", {"name": "p"}, "serving_sets[0].servers", "required key is missing"),
+        ("serving_sets.0", {"name": "p", "servers": []}, "serving_sets[0].servers", "no server"),
+        (
+            "serving_sets.0",
+            {"name": "p", "servers": ["a", "a"]},
+            "serving_sets[0].servers[1]",
+            "listed twice",
+        ),
+        ("serving_sets.0", {"name": "p", "server": ["a"]}, "serving_sets[0].server", "unknown key"),
         ("workloads", KeyError, "workloads", "required key is missing"),
     ],
 )
