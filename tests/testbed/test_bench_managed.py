@@ -1,9 +1,11 @@
 """ct200-bench's managed mode on the testbed, for real: playbooks/bench.yml runs a plan on the
 container, which switches between two serving sets with the real `ct200-serve switch` (systemd
-units, staging units), admits each by the real doctor (`ct200-doctor check --server NAME`), and
-measures llama-server on the CPU (tests/server_sites.py: `tiny` and `tiny-b` share port 8081, so
-each switch stops the other). Then the doctor refuses a set whose staged model changed since
-staging (exit 5, its root cause and fix), and --force measures it anyway, recorded as forced.
+units, staging units), admits each server by the real doctor (`ct200-doctor check --server
+NAME`), and measures llama-server on the CPU (tests/server_sites.py: `tiny` and `tiny-b` share
+port 8081, so each switch stops the other): `tiny-b`, then the set `pair` of `tiny` and
+`tiny-port` (port 8087) switched to at once, serving side by side, measured one after the
+other. Then the doctor refuses a set whose staged model changed since staging (exit 5, its root
+cause and fix), and --force measures it anyway, recorded as forced.
 
 Small on purpose (CI time): two requests of four tokens a point, one point a set.
 """
@@ -32,6 +34,7 @@ LIMIT = ("--limit", f"{CT},localhost")
 BENCH_CMD = "/usr/local/bin/ct200-bench"
 ON_CT = "/var/lib/ct200/bench"
 MODEL_FILE = "/dev/shm/models/tiny-a/model.gguf"
+PAIR = {"name": "pair", "servers": ["tiny", "tiny-port"]}
 PLAN = {
     "workloads": [{"name": "tiny", "input_tokens": 8, "output_tokens": 4, "requests": 2}],
     "concurrency": [1],
@@ -85,9 +88,9 @@ def managed(testbed: Bed) -> Iterator[Managed]:
         converge = bed.ansible(SITE, *LIMIT, "-e", f"@{s.site_file}")
         assert converge.rc == 0, converge.describe()
         # The sweep: tiny-b first (switching stops tiny, which the converge started), then
-        # tiny again, through the playbook as a user runs it.
+        # tiny again beside tiny-port, through the playbook as a user runs it.
         plan = bed.workdir / "bench-plan.yml"
-        plan.write_text(yaml.safe_dump({**PLAN, "serving_sets": ["tiny-b", "tiny"]}))
+        plan.write_text(yaml.safe_dump({**PLAN, "serving_sets": ["tiny-b", PAIR]}))
         results = bed.workdir / "bench-results"
         run = bed.ansible(
             BENCH,
@@ -133,18 +136,24 @@ def test_the_playbook_runs_the_plan_and_fetches_the_results(managed: Managed) ->
 
 def test_a_sweep_over_two_sets_switches_between_them(managed: Managed) -> None:
     points = managed.points
-    assert [p["serving_set"] for p in points] == ["tiny-b", "tiny"], managed.playbook.describe()
+    got = [(p["serving_set"], p["server"], p["target"]) for p in points]
+    assert got == [  # the targets from the spec
+        ("tiny-b", "tiny-b", "http://127.0.0.1:8081"),
+        ("pair/tiny", "tiny", "http://127.0.0.1:8081"),
+        ("pair/tiny-port", "tiny-port", "http://127.0.0.1:8087"),
+    ], managed.playbook.describe()
     for p in points:
         assert p["gated"] is True and p["forced"] is False
-        assert p["target"] == "http://127.0.0.1:8081"  # from the spec
         assert p["requests_completed"] == 2 and p["requests_failed"] == 0
         assert p["output_tokens"] == 8  # the server's usage: 2 requests x 4 tokens
         assert p["gpu"]["before"] == {"available": False, "reason": "the server has no GPUs"}
     prov = managed.provenance
     assert (prov["mode"], prov["gated"], prov["state"]) == ("managed", True, "finished")
     assert "tiny-b" in prov["spec"]["text"]
-    for name in ("tiny-b", "tiny"):
-        entry = prov["sets"][name]
+    assert sorted(prov["sets"]) == ["pair/tiny", "pair/tiny-port", "tiny-b"]
+    for label, entry in prov["sets"].items():
+        name = entry["server"]
+        assert label.endswith(name) and entry["serving_set"] == label.split("/")[0]
         assert entry["gate"]["passed"] is True, entry["gate"]
         assert entry["switch"]["ok"] is True
         assert [s["step"] for s in entry["switch"]["steps"]][-2:] == ["start", "persist"]
@@ -153,7 +162,10 @@ def test_a_sweep_over_two_sets_switches_between_them(managed: Managed) -> None:
         assert entry["files"]["environment_file"]["text"] is not None
         assert entry["engine"]["engine"]["name"] == "llama-server"
         assert entry["facts"]["servers"] is not None
-    assert json.loads(managed.serving_after)["servers"] == ["tiny"]
+    # One switch brought both servers of the pair up (tiny's steps then tiny-port's).
+    pair = prov["sets"]["pair/tiny"]["switch"]
+    assert pair == prov["sets"]["pair/tiny-port"]["switch"]
+    assert json.loads(managed.serving_after)["servers"] == ["tiny", "tiny-port"]
 
 
 def test_the_doctor_refuses_a_set_with_its_root_cause_and_fix(managed: Managed) -> None:
