@@ -248,7 +248,9 @@ def test_cgroup_denying_uvm_is_diagnosed(mode: str, machine_spec: Path, raw_lxc_
     assert isinstance(fix, dict)
     assert fix == checks["dev.open"]["remediation"]
     assert fix["where"] == "host"
-    lines = str(fix["command"]).splitlines()
+    # Lines of the container's config (never commands to paste: issue 19's config + file).
+    assert fix["file"] == "/etc/pve/lxc/200.conf" and fix["command"] is None, fix
+    lines = list(fix["config"])
     for node in ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"):  # both denied, both passed through
         assert any(line.endswith(f": {node},mode=0666") for line in lines), lines
     assert checks["dev.open"]["status"] == "fail"
@@ -258,7 +260,7 @@ def test_cgroup_denying_uvm_is_diagnosed(mode: str, machine_spec: Path, raw_lxc_
     )
     raw_fix = raw["gpu.cuda_init"]["remediation"]
     assert isinstance(raw_fix, dict)
-    assert f"lxc.cgroup2.devices.allow: c {major}:* rwm" in str(raw_fix["command"])
+    assert f"lxc.cgroup2.devices.allow: c {major}:* rwm" in raw_fix["config"], raw_fix
 
 
 def test_cgroup_denying_c195_is_one_root_cause_with_one_complete_fix(
@@ -293,7 +295,8 @@ def test_cgroup_denying_c195_is_one_root_cause_with_one_complete_fix(
     )
     fix = root["remediation"]
     assert fix["where"] == "host" and fix["tag"] == "lxc_passthrough"
-    lines = fix["command"].splitlines()
+    assert fix["file"] == "/etc/pve/lxc/200.conf" and fix["command"] is None, fix
+    lines = list(fix["config"])
     for node in nodes:  # every denied node, numbered devK lines to paste once
         assert any(line.endswith(f": {node},mode=0666") for line in lines), (node, lines)
     assert [line.split(":")[0] for line in lines] == [f"dev{i}" for i in range(len(lines))]
@@ -307,7 +310,7 @@ def test_cgroup_denying_c195_is_one_root_cause_with_one_complete_fix(
         ).stdout
     )
     raw_fix = next(c for c in raw["checks"] if c["id"] == "dev.open")["remediation"]
-    assert f"lxc.cgroup2.devices.allow: c {major}:* rwm" in raw_fix["command"].splitlines()
+    assert f"lxc.cgroup2.devices.allow: c {major}:* rwm" in raw_fix["config"], raw_fix
     # The denial stayed in its cgroup: the machine's GPU works as before.
     after = subprocess.run(
         [sys.executable, "-c", CUINIT], capture_output=True, text=True, check=False, timeout=120
