@@ -16,6 +16,8 @@ Only with --only (where the time of a stage goes):
                         writing one file wait for each other in the kernel, spinning
   ct200-buffer16M       the stage with the 16 MiB read buffer it used before issue 10
   ct200-jobsN           the stage with N threads instead of --jobs (e.g. ct200-jobs4)
+  cat-parallel-again    cat-parallel once more in each round: two runs of one command, whose
+                        ratio per round is the spread of the disk itself (an A/A pair)
   dd-nocache-parallel   cat-parallel with `dd iflag=nocache`, which drops the page cache behind
                         it as ct200-stage does: on a VM whose freed memory goes back to the host,
                         the read limit without the cost of touching new memory for the cache
@@ -64,6 +66,7 @@ CONTENDERS = (
     "write-parallel",
 )
 BREAKDOWN = (
+    "cat-parallel-again",
     "ct200-read",
     "ct200-nodrop",
     "ct200-nolock",
@@ -79,6 +82,7 @@ READ_ONLY = (
     "write-parallel",
     "ct200-read",
     "dd-nocache-parallel",
+    "cat-parallel-again",
 )
 BLOCK = 64 << 20
 
