@@ -30,7 +30,8 @@ lint-ansible:
 # of the CI machine): each testbed group (tests/conftest.py's TESTBED_GROUPS) on one worker with
 # a fresh testbed of its own, the work that needs no llama-server handed out first while its
 # build runs, the fast tests last. Measured on a fresh clone with cold caches on a 2-core
-# machine: 42 min with 2 workers, against 54 min in one process (tests/testbed/README.md).
+# machine: 19 to 42 min with 2 workers (by the machine), 54 min in one process
+# (tests/testbed/README.md).
 # TEST_WORKERS=0: one process, one testbed for the session, fast tier first.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup,)
