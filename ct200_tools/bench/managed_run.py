@@ -209,8 +209,8 @@ def _run_server(
     if not printer.as_json:
         gate = "FORCED past the doctor" if admission.forced else "benchmark-ready"
         echo(
-            f"ct200-bench: {label}: switched in {admission.switch_seconds:.1f} s, {gate}; "
-            f"{show(admission.target)} ({provenance.describe_engine(info)}), model "
+            f"ct200-bench: {show(label, 120)}: switched in {admission.switch_seconds:.1f} s, "
+            f"{gate}; {show(admission.target)} ({provenance.describe_engine(info)}), model "
             f"{show(model, 80)}"
         )
         if admission.forced:
@@ -257,7 +257,7 @@ def run_managed(
     repair_tail(store, echo)
     if not as_json:
         echo(
-            f"ct200-bench: run {run_id}, managed: {', '.join(plan.set_names)}"
+            f"ct200-bench: run {run_id}, managed: {show(', '.join(plan.set_names), 400)}"
             + (f"; resuming after {len(done)} point(s)" if resume else "")
         )
     printer = Printer(echo, as_json, tty)
