@@ -102,7 +102,10 @@ def read_gpus(root: Section) -> GpuSpec | None:
     count = gpus.get_int("count", 0, MAX_GPUS)
     if count != 0 and "model" not in gpus.data:
         root.issues.error(gpus.where("model"), "required key is missing", f"add {GPUS['model']}")
-    model = gpus.get_str("model") if "model" in gpus.data else ""
+    if count == 0 and gpus.data.get("model") in ("", None):
+        model: str | None = ""  # no GPU names no model: the canonical form writes it as ""
+    else:
+        model = gpus.get_str("model") if "model" in gpus.data else ""
     pcie = subsection(gpus, "pcie", PCIE, required=("gen", "width"))
     gen = pcie.get_int("gen", 1, 6) if pcie else None
     width = pcie.get_int("width", 1, 32, choices=(1, 2, 4, 8, 16, 32)) if pcie else None
