@@ -24,7 +24,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from tbharness import CONF_200, MACHINES, SITE, Bed, Converged, pct_log, snapshot
+from tbharness import CONF_200, MACHINES, REPO, SITE, AnsibleRun, Bed, Converged, pct_log, snapshot
 
 from testbed.config import DEFAULT_MACHINES, TEST_SLOTS, MachineSpec, Settings
 from testbed.harness import Harness, claim_test_slot
@@ -102,6 +102,7 @@ def converge(bed: Bed) -> Converged:
     fresh = {m: snapshot(bed, m) for m in MACHINES}
     check_fresh = bed.ansible(SITE, "--check", "--diff")
     after_check = {m: snapshot(bed, m) for m in MACHINES}
+    check_quickstart = quickstart_check(bed)
     run = bed.ansible(SITE)
     converged = {m: snapshot(bed, m) for m in MACHINES}
     pct_converge = pct_log(bed)[pct_before:]
@@ -123,4 +124,30 @@ def converge(bed: Bed) -> Converged:
         pct_before,
         pct_converge,
         pct_log(bed)[pct_before:],
+        check_quickstart,
     )
+
+
+#: The spec the README's quickstart converges (scripts/quickstart.sh), and the model copy that
+#: `python -m testbed llama` puts on ct before it (its staging preflight needs the directory).
+QUICKSTART_SPEC = REPO / "inventory/testbed/serving.yml"
+QUICKSTART_COPY = "/tank/models/tiny"
+
+
+def quickstart_check(bed: Bed) -> AnsibleRun:
+    """site.yml --check --diff with the quickstart's spec on the fresh machines: its validation,
+    its export read by every role, its units rendered, without the llama-server build. A 4 KiB
+    file stands in for the model's persistent copy; what this made is removed after."""
+    made = ""  # the topmost directory this made, which the cleanup removes
+    for d in ("/tank", "/tank/models", QUICKSTART_COPY):
+        if bed.ssh("ct", "test", "-e", d).returncode != 0:
+            made = made or d
+            mkdir = bed.ssh("ct", "mkdir", d)
+            assert mkdir.returncode == 0, f"{d} on a fresh ct: {mkdir.stderr}"
+    assert made, f"{QUICKSTART_COPY} is there already: not a fresh ct, and not ours to remove"
+    try:
+        bed.ssh("ct", "dd", "if=/dev/zero", f"of={QUICKSTART_COPY}/model.gguf", "bs=4096",
+                "count=1", "status=none")  # fmt: skip
+        return bed.ansible(SITE, "--check", "--diff", "-e", f"@{QUICKSTART_SPEC}")
+    finally:
+        bed.ssh("ct", "rm", "-rf", made)

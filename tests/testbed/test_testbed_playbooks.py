@@ -39,6 +39,15 @@ def test_check_mode_on_fresh_machines_changes_nothing(converged: Converged) -> N
         assert not changes, f"--check changed {m}:\n" + "\n".join(changes)
 
 
+def test_check_mode_with_the_quickstarts_spec_on_fresh_machines(converged: Converged) -> None:
+    """The README's first command converges inventory/testbed/serving.yml (no GPU): its spec
+    goes through the validate play and every role's reading of the export, in check mode."""
+    run = converged.check_quickstart
+    assert run is not None and run.rc == 0, run.describe() if run else "not run"
+    for m in MACHINES:
+        assert run.stats[HOST[m]]["failures"] == 0, run.describe()
+
+
 def test_converge(converged: Converged) -> None:
     run = converged.converge
     assert run.rc == 0, run.describe()
