@@ -426,3 +426,41 @@ def test_a_target_run_refuses_a_set_of_several_servers(tmp_path: Path) -> None:
     proc = bench("run", str(plan), "--target", "http://127.0.0.1:9", "--out", str(tmp_path / "o"))
     assert proc.returncode == 2, proc.stderr
     assert "--target is one server" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_pair_refused_by_one_servers_check_measures_neither_and_resume_measures_the_rest(
+    tmp_path: Path, server: tuple[str, int]
+) -> None:
+    url_a, port_a = server
+    pair = {"name": "pair", "servers": ["set-a", "set-b"]}
+
+    def b_not_ready(site: SiteSpec, name: str) -> managed.Readiness:
+        if name == "set-b":
+            return managed.Readiness(2, (), None, "benchmark-ready set-b: no-go (stand-in)", "")
+        return ready(site, name)
+
+    with standin("--itl", "0.001") as url_b:
+        port_b = int(url_b.rsplit(":", 1)[1])
+        # The doctor refuses the pair's second server: nothing of the pair is measured.
+        with pytest.raises(managed.NotReady) as caught:
+            run(tmp_path, port_a, [pair], checker=b_not_ready, port_b=port_b)
+        assert caught.value.message.startswith("set-b is not benchmark-ready")
+        out = tmp_path / "out"
+        assert not (out / "results.jsonl").exists() or points(out) == []
+        sets = provenance(out)["sets"]
+        assert isinstance(sets, dict) and list(sets) == ["pair"]
+        assert sets["pair"]["admitted"] is False and "set-b" in sets["pair"]["refused"]
+        # Fixed: --resume measures both. Then, as if killed after the first server's points, the
+        # second server's are taken out and --resume runs again: one switch to the pair, the
+        # first server's points kept, the second's measured.
+        run(tmp_path, port_a, [pair], resume=True, port_b=port_b)
+        got = points(out)
+        assert [p["serving_set"] for p in got] == ["pair/set-a"] * 2 + ["pair/set-b"] * 2
+        (out / "results.jsonl").write_text("".join(json.dumps(p) + "\n" for p in got[:2]))
+        switches = Switches()
+        outcome, _ = run(tmp_path, port_a, [pair], switcher=switches, resume=True, port_b=port_b)
+    assert switches.calls == ["set-a set-b"] and outcome.points == 2
+    again = points(out)
+    assert [p["serving_set"] for p in again] == ["pair/set-a"] * 2 + ["pair/set-b"] * 2
+    assert again[:2] == got[:2] and {p["target"] for p in again[2:]} == {url_b}
+    assert url_a != url_b
