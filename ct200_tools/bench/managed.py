@@ -182,7 +182,7 @@ class Admission:
     readiness: Readiness
     forced: bool
     #: The plan's serving set this server was switched to with.
-    serving_set: str = ""
+    serving_set: str
 
     @property
     def point_fields(self) -> dict[str, object]:
@@ -197,7 +197,7 @@ class Admission:
         r = self.readiness
         return {
             "server": self.name,
-            "serving_set": self.serving_set or self.name,
+            "serving_set": self.serving_set,
             "target": self.target,
             "engine_kind": self.server.engine,
             "gpus": list(self.server.gpus),

@@ -98,9 +98,9 @@ class ServingSet:
     servers: tuple[str, ...]
 
     @classmethod
-    def of(cls, value: str | ServingSet) -> ServingSet:
+    def of(cls, server: str) -> ServingSet:
         """A set as the plan may write it: a server's name is the set of that one server."""
-        return value if isinstance(value, ServingSet) else cls(value, (value,))
+        return cls(server, (server,))
 
     @property
     def single(self) -> bool:
@@ -122,7 +122,6 @@ class Plan:
     workloads: tuple[Workload, ...]
     concurrency: tuple[int, ...] = ()
     request_rates: tuple[float, ...] = ()
-    #: Server names are taken as one-server sets (ServingSet.of).
     serving_sets: tuple[ServingSet, ...] = ()
     repetitions: int = 1
     warmup: int = 0
@@ -131,10 +130,6 @@ class Plan:
     timeout_s: float = 600.0
     model: str | None = None
     source: str = "(options)"
-
-    def __post_init__(self) -> None:
-        sets = tuple(ServingSet.of(x) for x in self.serving_sets)
-        object.__setattr__(self, "serving_sets", sets)
 
     @property
     def set_names(self) -> tuple[str, ...]:
