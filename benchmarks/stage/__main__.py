@@ -21,6 +21,12 @@ Only with --only (where the time of a stage goes):
   dd-nocache-parallel   cat-parallel with `dd iflag=nocache`, which drops the page cache behind
                         it as ct200-stage does: on a VM whose freed memory goes back to the host,
                         the read limit without the cost of touching new memory for the cache
+  dd-streams            --jobs parallel `dd` reading equal byte ranges of the data: as many
+                        streams as the stage's threads, so whether the disk serves that many
+                        streams as well as one per file (no hashing, no writes)
+  ct200-threadtime      the stage, timing its threads' calls: the report's thread_time says what
+                        share of their wall time went to reads (disk waits included), hashing,
+                        writes, dropping the cache, and the rest (write-lock waits, Python)
 Then, on the staged copy in DST (tmpfs: no disk, no cache to drop):
   ct200-verify          ct200-stage verify DST
   xxhsum                xxhsum -H2 (XXH128, single-threaded) of the same files
@@ -38,6 +44,7 @@ of the processes it started) per GB: on a machine with few cores, CPU is what a 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -72,6 +79,8 @@ BREAKDOWN = (
     "ct200-nolock",
     "ct200-buffer16M",
     "dd-nocache-parallel",
+    "dd-streams",
+    "ct200-threadtime",
 )
 VERIFIERS = ("ct200-verify", "xxhsum", "b3sum")
 #: Contenders that need a tool that may not be installed.
@@ -83,6 +92,7 @@ READ_ONLY = (
     "ct200-read",
     "dd-nocache-parallel",
     "cat-parallel-again",
+    "dd-streams",
 )
 BLOCK = 64 << 20
 
@@ -193,6 +203,7 @@ def command(
         "ct200-nodrop": [[*stage, "--no-drop"]],
         "ct200-nolock": [[*stage, "--no-write-lock"]],
         "ct200-buffer16M": [[*stage, "--buffer", str(16 << 20)]],
+        "ct200-threadtime": [[*stage, "--thread-times", str(thread_times(manifest))]],
         "ct200-read": [[*py, "read", str(src), str(manifest), str(jobs)]],
         "ct200-verify": [[*py, "verify", str(dst), str(jobs)]],
         "xxhsum": [["xxhsum", "-H2", *staged]],
@@ -205,6 +216,8 @@ def command(
         return commands[name]
     if name.startswith("ct200-jobs"):
         return [[*py, "stage", str(src), str(dst), str(manifest), name.removeprefix("ct200-jobs")]]
+    if name == "dd-streams":
+        return [["sh", "-c", _DD_RANGES, "dd", *map(str, seg)] for seg in streams(files, jobs)]
     if name == "write-parallel":
         dst.mkdir(parents=True, exist_ok=True)
         return [
@@ -227,6 +240,46 @@ def command(
         dd = 'for f; do dd if="$f" of=/dev/null bs=1M iflag=nocache status=none; done'
         return [["sh", "-c", dd, "dd", *fs] for _, fs in loads if fs]
     return [["sh", "-c", 'cat "$@" > /dev/null', "cat", *fs] for _, fs in loads if fs]
+
+
+#: Reads each (file, offset, length) triple of its arguments in turn, with dd, in 1 MiB blocks.
+_DD_RANGES = (
+    'while [ "$#" -ge 3 ]; do dd if="$1" of=/dev/null bs=1M iflag=skip_bytes,count_bytes '
+    'skip="$2" count="$3" status=none || exit 1; shift 3; done'
+)
+
+
+def streams(files: list[Path], jobs: int) -> list[list[object]]:
+    """The data cut into `jobs` runs of equal bytes, in file order: per stream, a flat list of
+    file, offset, length triples (a stream may go on into the next file)."""
+    sizes = [f.stat().st_size for f in files]
+    total = sum(sizes)
+    n = max(1, min(jobs, total))
+    bounds = [total * k // n for k in range(n + 1)]
+    out: list[list[object]] = []
+    for lo, hi in itertools.pairwise(bounds):
+        seg: list[object] = []
+        base = 0
+        for f, size in zip(files, sizes, strict=True):
+            a, b = max(lo, base), min(hi, base + size)
+            if a < b:
+                seg += [f, a - base, b - a]
+            base += size
+        if seg:
+            out.append(seg)
+    return out
+
+
+def thread_times(manifest: Path) -> Path:
+    """Where ct200-threadtime's run writes its thread times (beside the manifest, in --out)."""
+    return manifest.with_name("thread-times.json")
+
+
+def take_json(path: Path) -> dict[str, object]:
+    """A file's JSON, the file removed (what a child left for us in --out)."""
+    data: dict[str, object] = json.loads(path.read_text())
+    path.unlink()
+    return data
 
 
 def run_once(cmds: list[list[str]]) -> tuple[float, float]:
@@ -270,15 +323,21 @@ def select(only: str) -> tuple[list[str], list[str], list[str]]:
     return contenders, verifiers, skipped
 
 
-def main() -> None:
-    a = args()
-    out = a.out
+def sizes(a: argparse.Namespace) -> tuple[int, int]:
+    """--size and --shard-size in bytes; exits with the reason when they are not sizes."""
     try:
         size, shard = parse_size(a.size), parse_size(a.shard_size)
     except ValueError:
         sys.exit(f"--size {a.size!r} / --shard-size {a.shard_size!r}: give bytes or 8G, 512M, ...")
     if size <= 0 or shard <= 0:
         sys.exit("--size and --shard-size must be above 0")
+    return size, shard
+
+
+def main() -> None:
+    a = args()
+    out = a.out
+    size, shard = sizes(a)
     src, dst = Path(a.data), Path(a.dst)
     contenders, verifiers, skipped = select(a.only)
     free = shutil.disk_usage(dst.parent).free
@@ -296,11 +355,14 @@ def main() -> None:
 
     runs: dict[str, list[float]] = {c: [] for c in contenders + verifiers}
     cpu: dict[str, list[float]] = {c: [] for c in contenders + verifiers}
+    times: list[dict[str, object]] = []
 
     def timed(name: str, r: int) -> None:
         seconds, cpu_seconds = run_once(command(name, src, dst, manifest_path, a.jobs, files))
         runs[name].append(seconds)
         cpu[name].append(cpu_seconds)
+        if name == "ct200-threadtime":
+            times.append(take_json(thread_times(manifest_path)))
         print(
             f"  round {r + 1}: {name:<22} {total / seconds / 1e6:8.0f} MB/s, "
             f"cpu {cpu_seconds / (total / 1e9):.2f} s/GB",
@@ -313,6 +375,7 @@ def main() -> None:
         report = summarize(
             a, rounds, done, cpu, total, len(files), cold, skipped, manifest_seconds, src, dst
         )
+        report.update(thread_time(times))
         text = render(report)
         _cli.write_results(out, report, text)
         return text
@@ -404,6 +467,16 @@ def summarize(
     }
 
 
+def thread_time(times: list[dict[str, object]]) -> dict[str, object]:
+    """The report's thread_time (none without ct200-threadtime runs): the median share of each
+    part over the runs, and every run's figures."""
+    if not times:
+        return {}
+    shares: list[dict[str, float]] = [t["share"] for t in times]  # type: ignore[misc]
+    median = {p: round(statistics.median(s[p] for s in shares), 3) for p in shares[0]}
+    return {"thread_time": {"median_share": median, "runs": times}}
+
+
 def render(r: dict[str, object]) -> str:
     mb = r["mb_per_s"]
     assert isinstance(mb, dict)
@@ -420,6 +493,10 @@ def render(r: dict[str, object]) -> str:
     for c, v in mb.items():
         lines.append(f"{c:<22} {v['median']:>12} {cpu.get(c, 0):>9.3f}  {v['runs']}")
     lines.append(f"{'(manifest, hash only)':<22} {r['manifest_build_mb_per_s']:>12}")
+    if "thread_time" in r:
+        share = r["thread_time"]["median_share"]  # type: ignore[index]
+        parts = ", ".join(f"{k} {v:.0%}" for k, v in share.items())
+        lines.append(f"ct200-threadtime, share of the threads' wall time (median): {parts}")
     lines.append("")
     ratios = r["ratios"]
     assert isinstance(ratios, dict)

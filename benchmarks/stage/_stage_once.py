@@ -1,7 +1,7 @@
 """One ct200-stage run in its own process, as the benchmark times it.
 
 python3 -m benchmarks.stage._stage_once stage SRC DST MANIFEST JOBS [--direct] [--no-drop]
-    [--buffer BYTES] [--no-write-lock]
+    [--buffer BYTES] [--no-write-lock] [--thread-times FILE]
 python3 -m benchmarks.stage._stage_once read SRC MANIFEST JOBS     read + hash + check, no writes
 python3 -m benchmarks.stage._stage_once verify DST JOBS            ct200-stage verify DST
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from benchmarks.stage import _threadtime
 from ct200_tools.stage.engine import ChunkEngine, FileJob
 from ct200_tools.stage.manifest import load_manifest
 from ct200_tools.stage.stager import StageOptions, stage
@@ -25,7 +26,10 @@ def main() -> None:
     p.add_argument("--no-drop", action="store_true")
     p.add_argument("--no-write-lock", action="store_true")
     p.add_argument("--buffer", type=int, default=None)
+    p.add_argument("--thread-times", help="write where the threads' wall time went (JSON)")
     a = p.parse_args()
+    if a.thread_times:
+        _threadtime.install(a.thread_times)
     if a.what == "stage":
         src, dst, manifest, jobs = a.paths
         opts = StageOptions(

@@ -81,6 +81,30 @@ def test_stage_benchmark(tmp_path: Path, shm_dst: Path) -> None:
     assert not shm_dst.exists(), "the benchmark left its destination behind"
 
 
+def test_stage_breakdown_benchmark(tmp_path: Path, shm_dst: Path) -> None:
+    """The breakdown command of docs/staging.md ("where the time goes"), at a tiny size: every
+    --only contender, with ct200-threadtime's share of the threads' time in the report."""
+    from benchmarks.stage.__main__ import BREAKDOWN  # noqa: PLC0415
+
+    out = tmp_path / "out"
+    only = ["ct200-stage", "cat-parallel", "ct200-jobs2", *BREAKDOWN]
+    argv = [sys.executable, "-m", "benchmarks.stage", "--out", str(out), "--size", "4M"]
+    argv += ["--shard-size", "1M", "--rounds", "2", "--data", str(tmp_path / "data")]
+    argv += ["--dst", str(shm_dst), "--only", ",".join(only), "--jobs", "4"]
+    proc = run(argv)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((out / "results.json").read_text())
+    assert set(report["mb_per_s"]) == set(only)
+    assert all(len(v["runs"]) == 2 for v in report["mb_per_s"].values())
+    share = report["thread_time"]["median_share"]
+    assert set(share) == {"read", "hash", "write", "drop", "other"}
+    assert share["read"] > 0 and share["write"] > 0 and share["hash"] > 0
+    assert 0.99 <= sum(share.values()) <= 1.01, share
+    assert [t["threads"] for t in report["thread_time"]["runs"]] == [4, 4]
+    assert "ct200-threadtime, share of the threads' wall time" in (out / "results.txt").read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "results.json", "results.txt"]
+
+
 def test_gate_benchmark(tmp_path: Path) -> None:
     """benchmarks/gate/run.py: the start gate against the whole doctor (and the cuInit floor on
     a GPU machine; with llama-server built, the server's own start), one round. No GPU here: the
