@@ -100,7 +100,8 @@ def test_stage_breakdown_benchmark(tmp_path: Path, shm_dst: Path) -> None:
     assert set(share) == {"read", "hash", "write", "drop", "other"}
     assert share["read"] > 0 and share["write"] > 0 and share["hash"] > 0
     assert 0.99 <= sum(share.values()) <= 1.01, share
-    assert [t["threads"] for t in report["thread_time"]["runs"]] == [4, 4]
+    # Up to --jobs threads read: on a busy machine the last to start may find no work left.
+    assert all(1 <= t["threads"] <= 4 for t in report["thread_time"]["runs"]), report
     assert "ct200-threadtime, share of the threads' wall time" in (out / "results.txt").read_text()
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "results.json", "results.txt"]
 
