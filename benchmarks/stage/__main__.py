@@ -217,7 +217,10 @@ def command(
     if name.startswith("ct200-jobs"):
         return [[*py, "stage", str(src), str(dst), str(manifest), name.removeprefix("ct200-jobs")]]
     if name == "dd-streams":
-        return [["sh", "-c", _DD_RANGES, "dd", *map(str, seg)] for seg in streams(files, jobs)]
+        return [
+            ["sh", "-c", _DD_RANGES, "dd", *(str(x) for triple in stream for x in triple)]
+            for stream in streams(files, jobs)
+        ]
     if name == "write-parallel":
         dst.mkdir(parents=True, exist_ok=True)
         return [
@@ -249,21 +252,21 @@ _DD_RANGES = (
 )
 
 
-def streams(files: list[Path], jobs: int) -> list[list[object]]:
-    """The data cut into `jobs` runs of equal bytes, in file order: per stream, a flat list of
-    file, offset, length triples (a stream may go on into the next file)."""
+def streams(files: list[Path], jobs: int) -> list[list[tuple[Path, int, int]]]:
+    """The data cut into `jobs` runs of equal bytes, in file order: per stream, its (file,
+    offset, length) pieces (a stream may go on into the next file)."""
     sizes = [f.stat().st_size for f in files]
     total = sum(sizes)
     n = max(1, min(jobs, total))
     bounds = [total * k // n for k in range(n + 1)]
-    out: list[list[object]] = []
+    out: list[list[tuple[Path, int, int]]] = []
     for lo, hi in itertools.pairwise(bounds):
-        seg: list[object] = []
+        seg: list[tuple[Path, int, int]] = []
         base = 0
         for f, size in zip(files, sizes, strict=True):
             a, b = max(lo, base), min(hi, base + size)
             if a < b:
-                seg += [f, a - base, b - a]
+                seg.append((f, a - base, b - a))
             base += size
         if seg:
             out.append(seg)

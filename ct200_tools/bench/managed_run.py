@@ -154,7 +154,9 @@ def _run_set(
     sets = prov["sets"]
     if not isinstance(sets, dict):
         sets = prov["sets"] = {}
-    if all(p.key in done for n in sset.servers for p in points(plan, sset.label(n))):
+    # Servers with points still to measure (all of them, unless this is a --resume).
+    todo = {n for n in sset.servers if any(p.key not in done for p in points(plan, sset.label(n)))}
+    if not todo:
         return 0
     try:
         admitted = managed.admit(
@@ -171,8 +173,8 @@ def _run_set(
         raise
     recorded = 0
     for admission in admitted:
-        label = sset.label(admission.name)
-        if not all(p.key in done for p in points(plan, label)):
+        if admission.name in todo:
+            label = sset.label(admission.name)
             recorded += _run_server(admission, label, plan, m, store, run_id, prov, printer, done)
     return recorded
 

@@ -23,12 +23,11 @@ def test_streams_cover_every_byte_once(tmp_path: Path, sizes: list[int], jobs: i
     assert len(cut) == min(jobs, sum(sizes))
     seen: dict[Path, list[tuple[int, int]]] = {f: [] for f in files}
     lengths = []
-    for seg in cut:
-        triples = [seg[i : i + 3] for i in range(0, len(seg), 3)]
-        lengths.append(sum(int(n) for _f, _o, n in triples))  # type: ignore[call-overload]
-        for f, offset, n in triples:
-            assert int(n) > 0  # type: ignore[call-overload]
-            seen[f].append((int(offset), int(offset) + int(n)))  # type: ignore[index,call-overload]
+    for stream in cut:
+        lengths.append(sum(n for _f, _o, n in stream))
+        for f, offset, n in stream:
+            assert n > 0
+            seen[f].append((offset, offset + n))
     assert max(lengths) - min(lengths) <= 1, lengths
     for f, size in zip(files, sizes, strict=True):
         spans = sorted(seen[f])

@@ -178,7 +178,7 @@ class Converged:
     pct_after: list[list[str]]
     #: site.yml --check --diff with the quickstart's spec (inventory/testbed/serving.yml: no GPU,
     #: one llama-server) on the fresh machines, after the committed spec's check.
-    check_quickstart: AnsibleRun | None = None
+    check_quickstart: AnsibleRun
 
 
 def pct_log(bed: Bed) -> list[list[str]]:
