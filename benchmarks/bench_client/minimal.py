@@ -1,0 +1,125 @@
+"""A minimal independent client: the witness ct200-bench's figures are checked against.
+
+It shares no code with ct200-bench (standard library only: http.client in one thread per
+request in flight, no aiohttp, no asyncio) and measures what ct200-bench's docs define: TTFT =
+request sent -> first streamed chunk with text, output tok/s = the server's usage
+completion_tokens over the point's wall time. Every prompt is fresh: random letters and spaces
+from this process's own random source (never the same text twice, so no prompt cache serves it),
+`--input-chars` long. One connection per request, as ct200-bench does.
+
+    python benchmarks/bench_client/minimal.py --url http://127.0.0.1:8080 --concurrency 8 \
+        --requests 64 --input-chars 128 --output-tokens 256 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import random
+import statistics
+import string
+import threading
+import time
+import urllib.parse
+
+LETTERS = string.ascii_lowercase + " "
+
+
+def one(url: urllib.parse.SplitResult, body: bytes) -> dict[str, object]:
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=600)
+    sent = time.perf_counter()
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        return {"ok": False, "error": f"HTTP {resp.status}"}
+    ttft = None
+    usage: dict[str, object] = {}
+    done = False
+    for raw in resp:  # http.client undoes the chunked encoding; SSE is one event per line
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            done = True
+            break
+        chunk = json.loads(data)
+        choices = chunk.get("choices") or [{}]
+        if ttft is None and choices[0].get("text"):
+            ttft = time.perf_counter() - sent
+        usage = chunk.get("usage") or usage
+    conn.close()
+    return {"ok": done and ttft is not None, "ttft_s": ttft, "usage": usage}
+
+
+def point(args: argparse.Namespace) -> dict[str, object]:
+    url = urllib.parse.urlsplit(args.url)
+    rng = random.SystemRandom()
+    bodies = [
+        json.dumps(
+            {
+                "model": args.model,
+                "prompt": "".join(rng.choice(LETTERS) for _ in range(args.input_chars)),
+                "max_tokens": args.output_tokens,
+                "temperature": 0.0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "ignore_eos": True,
+            }
+        ).encode()
+        for _ in range(args.requests)
+    ]
+    results: list[dict[str, object]] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not bodies:
+                    return
+                body = bodies.pop()
+            r = one(url, body)
+            with lock:
+                results.append(r)
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(args.concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    duration = time.perf_counter() - start
+    ok = [r for r in results if r["ok"]]
+    ttfts = sorted(float(r["ttft_s"]) * 1000 for r in ok)  # type: ignore[arg-type]
+    out_tokens = sum(int(r["usage"].get("completion_tokens", 0)) for r in ok)  # type: ignore[union-attr]
+    in_tokens = [int(r["usage"].get("prompt_tokens", 0)) for r in ok]  # type: ignore[union-attr]
+    return {
+        "client": "minimal",
+        "concurrency": args.concurrency,
+        "requests_ok": len(ok),
+        "requests_failed": len(results) - len(ok),
+        "duration_s": round(duration, 4),
+        "ttft_p50_ms": round(statistics.median(ttfts), 3) if ttfts else None,
+        "output_tokens_per_s": round(out_tokens / duration, 2),
+        "output_tokens": out_tokens,
+        "prompt_tokens_mean": round(statistics.mean(in_tokens), 2) if in_tokens else None,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", required=True)
+    p.add_argument("--model", default="rand")
+    p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--input-chars", type=int, default=128)
+    p.add_argument("--output-tokens", type=int, default=256)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    result = point(args)
+    print(json.dumps(result) if args.json else result)
+
+
+if __name__ == "__main__":
+    main()
