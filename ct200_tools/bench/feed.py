@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from ct200_tools.bench import client, datasets, prompts
-from ct200_tools.bench.metrics import spread
+from ct200_tools.bench.metrics import cache_slack, spread
 from ct200_tools.bench.workload import FROM_DATASET, MAX_TOKENS, Span, Workload
 
 
@@ -27,6 +27,8 @@ class Prepared:
     requests: list[client.Request]
     #: The point's workload record: the plan's fields and how this point's requests were made.
     workload: dict[str, object]
+    #: Prompt tokens a request may find in the server's cache beyond the shared prefix.
+    cache_slack: int
 
 
 def _lengths(length: int | Span, count: int, seed: int, salt: str) -> tuple[list[int], str]:
@@ -70,14 +72,17 @@ class Feed:
             else:
                 reqs, record = await self._made_up(w, maker, total, seed)
             maker.rebind(None)
+        slack = cache_slack(maker.ratio)
         record = {
             **w.as_record(),
             **record,
             "prompt_seed": seed,
             "requested_output_tokens": spread([r.max_tokens for r in reqs[self.warmup :]]),
             "tokenize_calls": maker.calls - before,
+            # What cache_flag allows beyond shared_prefix_tokens (metrics.cache_slack).
+            "cache_slack_tokens": slack,
         }
-        return Prepared(reqs, record)
+        return Prepared(reqs, record, slack)
 
     async def _made_up(
         self, w: Workload, maker: prompts.Maker, total: int, seed: int

@@ -170,9 +170,19 @@ def engine_timings(done: Sequence[RequestResult]) -> dict[str, object] | None:
     }
 
 
-#: Prompt tokens a server may take from its cache beyond what a workload shares on purpose: the
-#: BOS token and a chance first word or two of fresh prompts.
+#: Prompt tokens a server may take from its cache beyond what a workload shares on purpose, with
+#: one token a word: the BOS token, a leading-space token, and a chance first word or two of
+#: fresh prompts (cache_slack scales the words by the tokenizer's tokens per word).
 CACHE_SLACK: Final = 4
+CACHE_SLACK_WORDS: Final = 2
+
+
+def cache_slack(words_per_token: float) -> int:
+    """CACHE_SLACK for a tokenizer of `words_per_token` (learnt by /tokenize): a character-level
+    vocabulary's first two words are a dozen tokens, and two fresh prompts share their first
+    letters by chance as often as a word-level vocabulary's prompts share nothing."""
+    per_word = 1.0 / words_per_token if words_per_token > 0 else 1.0
+    return CACHE_SLACK - CACHE_SLACK_WORDS + math.ceil(CACHE_SLACK_WORDS * max(per_word, 1.0))
 
 
 def spread(values: Sequence[int]) -> dict[str, float | int | None]:
@@ -190,14 +200,16 @@ def spread(values: Sequence[int]) -> dict[str, float | int | None]:
     }
 
 
-def workload_figures(results: Sequence[RequestResult], intended_cached: int) -> dict[str, object]:
+def workload_figures(
+    results: Sequence[RequestResult], intended_cached: int, slack: int = CACHE_SLACK
+) -> dict[str, object]:
     """What the point's prompts and answers really were: lengths from usage (mean and spread),
     content against reasoning chunks, and the prompt tokens the server served from its cache,
     flagged where that is more than the workload shares on purpose (`intended_cached` tokens a
-    request, plus CACHE_SLACK)."""
+    request, plus `slack`)."""
     done = [r for r in results if r.ok]
     cached = [r.cached_tokens for r in done if r.cached_tokens is not None]
-    over = [c for c in cached if c > intended_cached + CACHE_SLACK]
+    over = [c for c in cached if c > intended_cached + slack]
     return {
         "input_lengths": spread([r.prompt_tokens for r in done if r.prompt_tokens is not None]),
         "output_lengths": spread([r.output_tokens for r in done if r.output_tokens is not None]),

@@ -138,7 +138,7 @@ class Sweep:
                 "started": started,
                 "finished": provenance.now_iso(),
                 **summarize(results, duration, self.plan.slo),
-                **workload_figures(results, p.workload.shared_prefix_tokens),
+                **workload_figures(results, p.workload.shared_prefix_tokens, prepared.cache_slack),
                 **watched,
             }
             self.store.add_point(record)
