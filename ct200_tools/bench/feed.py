@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from ct200_tools.bench import client, datasets, prompts
-from ct200_tools.bench.metrics import cache_slack, spread
+from ct200_tools.bench.metrics import CHAT_TEMPLATE_SLACK, cache_slack, spread
 from ct200_tools.bench.workload import FROM_DATASET, MAX_TOKENS, Span, Workload
 
 
@@ -27,8 +27,8 @@ class Prepared:
     requests: list[client.Request]
     #: The point's workload record: the plan's fields and how this point's requests were made.
     workload: dict[str, object]
-    #: Prompt tokens a request may find in the server's cache beyond the shared prefix.
-    cache_slack: int
+    #: Prompt tokens each counted request may find in the server's cache (metrics.cache_flag).
+    cache_allowed: list[int]
 
 
 def _lengths(length: int | Span, count: int, seed: int, salt: str) -> tuple[list[int], str]:
@@ -71,18 +71,40 @@ class Feed:
                 reqs, record = await self._from_dataset(w, maker, total, seed)
             else:
                 reqs, record = await self._made_up(w, maker, total, seed)
+            allowed = await self._allowed(w, maker, reqs[self.warmup :])
             maker.rebind(None)
-        slack = cache_slack(maker.ratio)
         record = {
             **w.as_record(),
             **record,
             "prompt_seed": seed,
             "requested_output_tokens": spread([r.max_tokens for r in reqs[self.warmup :]]),
             "tokenize_calls": maker.calls - before,
-            # What cache_flag allows beyond shared_prefix_tokens (metrics.cache_slack).
-            "cache_slack_tokens": slack,
+            # What cache_flag allows beyond what is shared on purpose (metrics.cache_slack).
+            "cache_slack_tokens": cache_slack(maker.ratio),
+            "cache_allowed_tokens_max": max(allowed, default=0),
         }
-        return Prepared(reqs, record, slack)
+        return Prepared(reqs, record, allowed)
+
+    async def _allowed(
+        self, w: Workload, maker: prompts.Maker, reqs: list[client.Request]
+    ) -> list[int]:
+        """Prompt tokens each request may find in the server's cache: the shared prefix, a
+        chat template's tokens and a system message other entries share (counted by the
+        server where it can), and the slack of chance (metrics.cache_slack)."""
+        base = cache_slack(maker.ratio) + w.shared_prefix_tokens
+        out = []
+        for r in reqs:
+            allowed = base
+            if r.messages is not None:
+                allowed += CHAT_TEMPLATE_SLACK
+                if r.messages[0][0] == "system" and len(r.messages) > 1:
+                    text = r.messages[0][1]
+                    tokens = await maker.count(text)
+                    allowed += CHAT_TEMPLATE_SLACK + (
+                        tokens if tokens is not None else round(len(text.split()) / maker.ratio)
+                    )
+            out.append(allowed)
+        return out
 
     async def _made_up(
         self, w: Workload, maker: prompts.Maker, total: int, seed: int

@@ -200,16 +200,20 @@ def spread(values: Sequence[int]) -> dict[str, float | int | None]:
     }
 
 
-def workload_figures(
-    results: Sequence[RequestResult], intended_cached: int, slack: int = CACHE_SLACK
-) -> dict[str, object]:
+#: Tokens a chat template puts around a message (`<|im_start|>user\n ... <|im_end|>\n`): the
+#: same in every chat request, so a prefix cache serves them.
+CHAT_TEMPLATE_SLACK: Final = 8
+
+
+def workload_figures(results: Sequence[RequestResult], allowed: Sequence[int]) -> dict[str, object]:
     """What the point's prompts and answers really were: lengths from usage (mean and spread),
     content against reasoning chunks, and the prompt tokens the server served from its cache,
-    flagged where that is more than the workload shares on purpose (`intended_cached` tokens a
-    request, plus `slack`)."""
-    done = [r for r in results if r.ok]
+    flagged where a request's is more than the workload shares on purpose (`allowed`, one a
+    request: the shared prefix or system message, the template, and the slack)."""
+    done_allowed = [(r, a) for r, a in zip(results, allowed, strict=True) if r.ok]
+    done = [r for r, _ in done_allowed]
     cached = [r.cached_tokens for r in done if r.cached_tokens is not None]
-    over = [c for c in cached if c > intended_cached + slack]
+    over = [r for r, a in done_allowed if r.cached_tokens is not None and r.cached_tokens > a]
     return {
         "input_lengths": spread([r.prompt_tokens for r in done if r.prompt_tokens is not None]),
         "output_lengths": spread([r.output_tokens for r in done if r.output_tokens is not None]),

@@ -138,7 +138,7 @@ class Sweep:
                 "started": started,
                 "finished": provenance.now_iso(),
                 **summarize(results, duration, self.plan.slo),
-                **workload_figures(results, p.workload.shared_prefix_tokens, prepared.cache_slack),
+                **workload_figures(results, prepared.cache_allowed),
                 **watched,
             }
             self.store.add_point(record)
