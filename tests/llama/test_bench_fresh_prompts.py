@@ -58,3 +58,29 @@ def test_a_sweep_and_a_second_run_evaluate_every_prompt_in_full(
         assert p["input_lengths"]["min"] >= INPUT
     print(f"\nllama-server evaluated prompt tokens per request: {evaluated}")
     print("cached_tokens per point:", [p["cached_prompt_tokens"] for p in points], "slack", slack)
+
+
+def test_chat_requests_are_measured_and_fresh_past_the_template(
+    server: Server, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    start = server.log.stat().st_size
+    proc = bench(
+        "run", "--target", server.base, "--endpoint", "chat", *ARGS, "--requests", "4",
+        "--out", str(out), "--json", timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with server.log.open("rb") as f:
+        f.seek(start)
+        evaluated = [int(n) for n in EVAL.findall(f.read())]
+    points = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(evaluated) == 12 and len(points) == 3
+    for p in points:
+        assert p["workload"]["endpoint"] == "chat" and p["requests_completed"] == 4
+        # Every answer's tokens streamed as content (the role-only first chunk is no token).
+        assert p["output_tokens"] == 16 == p["content_chunks"] and p["reasoning_chunks"] == 0
+        assert p["cache_flag"] is False, p
+        # The chat template's tokens (the same in every request) are all a prefix cache serves.
+        whole = p["input_lengths"]["min"]
+        assert whole > INPUT and min(evaluated) >= whole - p["workload"]["cache_allowed_tokens_max"]
+    print(f"\nllama-server evaluated (chat): {evaluated}")
