@@ -154,3 +154,21 @@ def test_input_and_output_ranges_are_drawn_per_request(tmp_path: Path) -> None:
     assert 1 <= outs["min"] <= outs["max"] <= 9
     assert p["workload"]["requested_input_tokens"] == ins
     assert p["workload"]["input_tokens"] == {"min": 4, "max": 40}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--endpoint", "chats", "--concurrency", "1"], "'chats' is not one of"),
+        (["plan.yml", "--endpoint", "chat"], "--endpoint with a PLAN"),
+    ],
+)
+def test_a_bad_endpoint_option_is_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    (tmp_path / "plan.yml").write_text("workloads: []\n")
+    args = [str(tmp_path / a) if a == "plan.yml" else a for a in args]
+    proc = bench(
+        "run", *args, "--target", "http://127.0.0.1:9", "--input-tokens", "4",
+        "--output-tokens", "2", "--out", str(tmp_path / "o"),
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
