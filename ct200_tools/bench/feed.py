@@ -46,6 +46,9 @@ class Feed:
     run_id: str
     plan_seed: int
     warmup: int
+    #: "" on a fresh run; a resumed run's points draw other prompts than the killed run may have
+    #: sent for them ("resumed-after-N": the points recorded before).
+    attempt: str = ""
     _makers: dict[str, prompts.Maker] = field(default_factory=dict)
     _prefixes: dict[str, prompts.Prompt] = field(default_factory=dict)
     #: Requests of each dataset workload taken by the points before (dataset offsets).
@@ -59,7 +62,7 @@ class Feed:
             self._taken[w.name] = self._taken.get(w.name, 0) + self.warmup + w.requests
 
     async def point(self, w: Workload, key: str) -> Prepared:
-        seed = prompts.prompt_seed(self.plan_seed, self.run_id, key)
+        seed = prompts.prompt_seed(self.plan_seed, self.run_id + self.attempt, key)
         total = self.warmup + w.requests
         maker = self._makers.setdefault(w.name, prompts.Maker(None, self.target, self.model))
         before = maker.calls

@@ -93,7 +93,8 @@ class Sweep:
         return lambda done, total: report(p.key, done, total)
 
     async def run(self) -> list[dict[str, object]]:
-        feed = Feed(self.target, self.model, self.run_id, self.plan.seed, self.plan.warmup)
+        attempt = f"/resumed-after-{len(self.done)}" if self.done else ""
+        feed = Feed(self.target, self.model, self.run_id, self.plan.seed, self.plan.warmup, attempt)
         records = []
         for p in points(self.plan, self.label):
             if p.key in self.done:

@@ -4,12 +4,15 @@ point and run, shared prefixes on purpose, chat with reasoning, datasets and len
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 import yaml
 
+from ct200_tools.bench.feed import Feed, Prepared
+from ct200_tools.bench.workload import Workload
 from tests.unit.bench_helpers import REPO, bench, standin
 
 pytestmark = pytest.mark.timeout(180)
@@ -172,3 +175,33 @@ def test_a_bad_endpoint_option_is_exit_2(tmp_path: Path, args: list[str], messag
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_dataset_is_walked_across_points_and_a_resumed_point_draws_anew(tmp_path: Path) -> None:
+    (tmp_path / "ten.jsonl").write_text(
+        "".join(
+            json.dumps({"prompt": f"question number {i} about slots"}) + "\n" for i in range(10)
+        )
+    )
+    data = Workload("ten", 2, 4, prompts=str(tmp_path / "ten.jsonl"))
+    made = Workload("made", 2, 2, input_tokens=6)
+    # Nothing listens on port 9: no /tokenize, so the prompts are word-counted ("approximate").
+    feed = Feed("http://127.0.0.1:9", "m", "run-1", 0, 0)
+
+    async def prepare() -> list[Prepared]:
+        return [
+            await feed.point(data, "t/ten/c1/rep1"),
+            await feed.point(data, "t/ten/c2/rep1"),
+            await feed.point(made, "t/made/c1/rep1"),
+        ]
+
+    first, second, one = asyncio.run(prepare())
+    sent = [r.prompt for p in (first, second) for r in p.requests]
+    assert len(set(sent)) == 8  # no entry twice before the ten are used up
+    assert (first.workload["dataset_offset"], second.workload["dataset_offset"]) == (0, 4)
+    assert second.workload["dataset_repeats"] == 0
+    assert one.workload["prompt_length_method"] == "approximate"
+    resumed = Feed("http://127.0.0.1:9", "m", "run-1", 0, 0, "/resumed-after-2")
+    again = asyncio.run(resumed.point(made, "t/made/c1/rep1"))
+    assert again.workload["prompt_seed"] != one.workload["prompt_seed"]
+    assert {r.prompt for r in again.requests}.isdisjoint({r.prompt for r in one.requests})
