@@ -1,9 +1,9 @@
 """Prompts from files people already have: JSONL of prompt or messages, and ShareGPT JSON.
 
 JSONL: one object a line (blank lines skipped), with `prompt` (a string) or `messages` (a list
-of {role: system|user|assistant, content: string}), and optionally a reference answer for
-`output_tokens: from-dataset`: `output_tokens` (a number) or `reference` (its text). Other keys
-(ids, tags) are ignored.
+of {role: system|user|assistant, content: a string or OpenAI's list of text parts}), and
+optionally a reference answer for `output_tokens: from-dataset`: `output_tokens` (a number) or
+`reference` (its text). Other keys (ids, tags) are ignored.
 
 ShareGPT (the file is a JSON list): `[{conversations: [{from: human|gpt|system, value}]}]`. The
 first human turn is the prompt (a system turn before it becomes the system message of a chat
@@ -133,6 +133,17 @@ def _count(value: object, where: str) -> int | None:
     return value
 
 
+def _parts(content: object) -> object:
+    """OpenAI's content parts ([{type: text, text}, ...]) as one text; anything else as it is
+    (an image part is no text: the content is then refused as not a string)."""
+    if not isinstance(content, list) or not content:
+        return content
+    texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+    if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
+        return content
+    return "".join(str(t) for t in texts)
+
+
 def _messages(value: object, where: str) -> tuple[Message, ...]:
     if not isinstance(value, list) or not value or len(value) > MAX_MESSAGES:
         raise DatasetError(
@@ -147,7 +158,7 @@ def _messages(value: object, where: str) -> tuple[Message, ...]:
                 f"{at} has no role of {', '.join(ROLES)} ({show(m, 80)})",
                 'write {"role": "user", "content": "..."}',
             )
-        out.append((str(role), _text(m.get("content"), at, "content", JSONL_FIX)))
+        out.append((str(role), _text(_parts(m.get("content")), at, "content", JSONL_FIX)))
     if out[-1][0] == "assistant":
         raise DatasetError(
             f"{where}: the last message is the assistant's: there is nothing to answer",

@@ -19,7 +19,9 @@ import aiohttp
 
 from ct200_tools.bench import client, datasets, prompts
 from ct200_tools.bench.metrics import CHAT_TEMPLATE_SLACK, cache_slack, spread
+from ct200_tools.bench.plan import PlanError
 from ct200_tools.bench.workload import FROM_DATASET, MAX_TOKENS, Span, Workload
+from ct200_tools.spec.model import SpecIssue
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,12 @@ class Feed:
         self, w: Workload, maker: prompts.Maker, total: int, seed: int
     ) -> tuple[list[client.Request], dict[str, object]]:
         assert w.prompts is not None  # noqa: S101 - the caller's test
-        data = datasets.load(w.prompts)  # read and checked with the plan; cached
+        try:
+            data = datasets.load(w.prompts)  # read and checked with the plan; cached
+        except datasets.DatasetError as exc:  # changed since: refused as when the plan was read
+            raise PlanError(
+                [SpecIssue(f"workloads[{w.name}].prompts", exc.message, exc.fix)], w.prompts
+            ) from None
         n = len(data.entries)
         order = list(range(n))
         random.Random(  # noqa: S311 - a reproducible order, not secrets

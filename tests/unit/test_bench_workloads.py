@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ct200_tools.bench import datasets
 from ct200_tools.bench.feed import Feed, Prepared
+from ct200_tools.bench.plan import PlanError
 from ct200_tools.bench.workload import Workload
 from tests.unit.bench_helpers import REPO, bench, standin
 
@@ -205,3 +207,19 @@ def test_a_dataset_is_walked_across_points_and_a_resumed_point_draws_anew(tmp_pa
     again = asyncio.run(resumed.point(made, "t/made/c1/rep1"))
     assert again.workload["prompt_seed"] != one.workload["prompt_seed"]
     assert {r.prompt for r in again.requests}.isdisjoint({r.prompt for r in one.requests})
+
+
+def test_content_parts_are_text_and_a_dataset_broken_since_the_plan_is_refused(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "parts.jsonl"
+    parts = [{"type": "text", "text": "how many "}, {"type": "text", "text": "slots?"}]
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": parts}]}) + "\n")
+    (entry,) = datasets.load(str(path)).entries
+    assert entry.messages == (("user", "how many slots?"),)
+    w = Workload("parts", 2, 1, prompts=str(path), endpoint="chat")
+    path.write_text('{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}\n')
+    with pytest.raises(PlanError) as err:
+        asyncio.run(Feed("http://127.0.0.1:9", "m", "run-1", 0, 0).point(w, "t/parts/c1/rep1"))
+    (issue,) = err.value.issues
+    assert issue.path == "workloads[parts].prompts" and "line 1: messages[0]" in str(issue)
