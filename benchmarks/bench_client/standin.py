@@ -3,8 +3,13 @@
 Stands in for vLLM/SGLang/llama-server where none can run: the benchmark of the client itself
 (delays 0: it streams as fast as it can) and ct200-bench's tests (scripted delays are the ground
 truth its TTFT and ITL are checked against). It serves /v1/models, /tokenize (one token per
-word), /props (llama-server's shape) and a streaming /v1/completions: one chunk per token,
-`--ttft` seconds before the first, `--itl` between the others, usage in the last chunk.
+word), /props (llama-server's shape) and a streaming /v1/completions and /v1/chat/completions:
+one chunk per token, `--ttft` seconds before the first, `--itl` between the others, usage in the
+last chunk. A chat answer opens with a role-only chunk (as the engines' do); `--reasoning N`
+streams its first N tokens as `delta.reasoning_content`. Usage reports
+`prompt_tokens_details.cached_tokens`: the longest word prefix the prompt shares with any prompt
+served before (a prefix cache, as vLLM's and SGLang's; chat messages count two words each for
+the template).
 
 Faults, for the tests: --fail-every N answers every Nth completion with HTTP 500; --close-every
 N closes every Nth stream after two tokens; --no-usage sends no usage; --die-after N exits the
@@ -37,8 +42,58 @@ def _chunk(text: str, finish: str | None = None) -> bytes:
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
-def app(args: argparse.Namespace) -> web.Application:
+def _delta(delta: dict[str, str], finish: str | None = None) -> bytes:
+    body = {
+        "id": "chatcmpl-standin",
+        "object": "chat.completion.chunk",
+        "model": "standin",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def _token(chat: bool, reasoning: bool, finish: str | None) -> bytes:
+    if not chat:
+        return _chunk(" tok", finish)
+    return _delta({"reasoning_content": " think"} if reasoning else {"content": " tok"}, finish)
+
+
+def _words(body: dict[str, object]) -> list[str]:
+    """The prompt as the stand-in's tokens: words, two more a chat message (its template)."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        out: list[str] = []
+        for m in messages:
+            said = m if isinstance(m, dict) else {}
+            out += [f"<|{said.get('role')}|>", "<|end|>", *str(said.get("content")).split()]
+        return out
+    return str(body.get("prompt", "")).split()
+
+
+class PrefixCache:
+    """The prompts served so far; a new prompt's cached tokens are its longest shared prefix."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[str]] = []
+
+    def serve(self, words: list[str]) -> int:
+        best = 0
+        for old in self.seen:
+            n = 0
+            for a, b in zip(old, words, strict=False):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        if len(self.seen) < 20_000:
+            self.seen.append(words)
+        # As llama-server, the last prompt token is always evaluated again.
+        return min(best, max(len(words) - 1, 0))
+
+
+def app(args: argparse.Namespace) -> web.Application:  # noqa: PLR0915 - one server
     count = 0
+    cache = PrefixCache()
 
     async def models(_: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": args.model_id}]})
@@ -71,9 +126,14 @@ def app(args: argparse.Namespace) -> web.Application:
                 await resp.write(b"x" * (64 << 10))
             await resp.write_eof()
             return resp
-        prompt_tokens = len(str(body.get("prompt", "")).split())
+        prompt = _words(body)
+        prompt_tokens = len(prompt)
+        cached = cache.serve(prompt)
+        chat = request.path.endswith("/chat/completions")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        if chat:
+            await resp.write(_delta({"role": "assistant", "content": ""}))
         for i in range(max_tokens):
             delay = args.ttft if i == 0 else args.itl
             if delay:
@@ -84,7 +144,7 @@ def app(args: argparse.Namespace) -> web.Application:
                 request.transport.abort()
                 return resp
             finish = "length" if i == max_tokens - 1 else None
-            await resp.write(_chunk(" tok", finish))
+            await resp.write(_token(chat, i < args.reasoning, finish))
         timings = {}
         if args.timings:
             # llama-server's shape; a draft that proposed two tokens for each one kept.
@@ -103,6 +163,7 @@ def app(args: argparse.Namespace) -> web.Application:
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": max_tokens,
                 "total_tokens": prompt_tokens + max_tokens,
+                "prompt_tokens_details": {"cached_tokens": cached},
             }
             tail = {"id": "cmpl-standin", "choices": [], "usage": usage, **timings}
             await resp.write(b"data: " + json.dumps(tail).encode() + b"\n\n")
@@ -115,6 +176,7 @@ def app(args: argparse.Namespace) -> web.Application:
     application.router.add_get("/props", props)
     application.router.add_post("/tokenize", tokenize)
     application.router.add_post("/v1/completions", completions)
+    application.router.add_post("/v1/chat/completions", completions)
     return application
 
 
@@ -143,6 +205,7 @@ def main() -> None:
     p.add_argument("--model-id", default="standin", help="the id /v1/models lists")
     p.add_argument("--huge-line", action="store_true", help="4 MiB without a newline")
     p.add_argument("--timings", action="store_true", help="llama-server's timings, with a draft")
+    p.add_argument("--reasoning", type=int, default=0, help="chat: first N tokens as reasoning")
     p.add_argument("--lifetime", type=float, default=600.0, help="exit after this many seconds")
     args = p.parse_args()
     try:

@@ -1,4 +1,5 @@
-"""The built-in load generator: an asynchronous streaming client of OpenAI's /v1/completions.
+"""The built-in load generator: an asynchronous streaming client of OpenAI's /v1/completions
+and /v1/chat/completions.
 
 Each request streams (`stream: true`) with `stream_options: {include_usage: true}`, so the server
 reports its own token counts in the last chunk; `ignore_eos: true` asks for exactly max_tokens
@@ -6,7 +7,8 @@ reports its own token counts in the last chunk; `ignore_eos: true` asks for exac
 each response and each error body is bounded, and a broken answer is a failed request with its
 reason, never an exception out of the sweep. A request fails unless it got HTTP 200, at least one
 chunk with text, and the closing `data: [DONE]`: a server that dies or closes mid-stream is an
-error, counted, and the sweep goes on.
+error, counted, and the sweep goes on. A chat answer's first chunk that carries only the role is
+no token; reasoning text (`reasoning_content`, vLLM's newer `reasoning`) is output and counts.
 """
 
 from __future__ import annotations
@@ -45,10 +47,20 @@ TIMINGS: Final = (
 MAX_COUNT: Final = 1 << 40
 
 
+COMPLETIONS: Final = "/v1/completions"
+CHAT: Final = "/v1/chat/completions"
+
+
 @dataclass(frozen=True)
 class Request:
     prompt: str
     max_tokens: int
+    #: Chat messages ({role, content}): the request goes to /v1/chat/completions.
+    messages: tuple[tuple[str, str], ...] | None = None
+
+    @property
+    def path(self) -> str:
+        return CHAT if self.messages is not None else COMPLETIONS
 
 
 @dataclass(frozen=True)
@@ -67,9 +79,15 @@ class StreamError(Exception):
 
 
 def payload(model: str, req: Request) -> dict[str, object]:
+    if req.messages is not None:
+        said: dict[str, object] = {
+            "messages": [{"role": role, "content": content} for role, content in req.messages]
+        }
+    else:
+        said = {"prompt": req.prompt}
     return {
         "model": model,
-        "prompt": req.prompt,
+        **said,
         "max_tokens": req.max_tokens,
         "temperature": 0.0,
         "stream": True,
@@ -84,6 +102,12 @@ def _int_or_none(value: object) -> int | None:
     return None
 
 
+def _cached(usage: dict[str, object]) -> int | None:
+    """usage.prompt_tokens_details.cached_tokens (vLLM, SGLang, llama-server), None if absent."""
+    details = usage.get("prompt_tokens_details")
+    return _int_or_none(details.get("cached_tokens")) if isinstance(details, dict) else None
+
+
 def _timings(value: object) -> dict[str, float]:
     if not isinstance(value, dict):
         return {}
@@ -93,6 +117,19 @@ def _timings(value: object) -> dict[str, float]:
         if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= MAX_COUNT:
             out[key] = float(v)
     return out
+
+
+def _text(choice: dict[str, object]) -> tuple[bool, bool]:
+    """(Carries answer text, carries reasoning text) of a chunk's first choice: `text` of a
+    completion; `delta.content` of a chat chunk (a role alone is no token), or its reasoning
+    (`reasoning_content`: llama-server, SGLang, older vLLM; `reasoning`: newer vLLM)."""
+    text = choice.get("text")
+    delta = choice.get("delta")
+    reasoning = None
+    if text is None and isinstance(delta, dict):
+        text = delta.get("content")
+        reasoning = delta.get("reasoning_content", delta.get("reasoning"))
+    return isinstance(text, str) and bool(text), isinstance(reasoning, str) and bool(reasoning)
 
 
 class _Stream:
@@ -122,14 +159,13 @@ class _Stream:
             raise StreamError(f"the server sent an error: {show(chunk['error'], 200)}")
         choices = chunk.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-            first = choices[0]
-            text = first.get("text")
-            if text is None and isinstance(first.get("delta"), dict):
-                text = first["delta"].get("content")
+            text, reasoning = _text(choices[0])
             # As SGLang's bench_serving: a chunk counts when it carries text (an empty closing
-            # chunk with finish_reason is no token).
-            if isinstance(text, str) and text:
+            # chunk with finish_reason is no token); a chat chunk's reasoning is output too.
+            if text or reasoning:
                 r = self.result
+                if not text:
+                    r.reasoning_chunks += 1
                 if self.last is None:
                     r.ttft_s = now - self.sent
                 else:
@@ -141,6 +177,7 @@ class _Stream:
         if isinstance(usage, dict):
             self.result.output_tokens = _int_or_none(usage.get("completion_tokens"))
             self.result.prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
+            self.result.cached_tokens = _cached(usage)
         timings = _timings(chunk.get("timings"))
         if timings:
             self.result.engine_timings = timings
@@ -215,7 +252,7 @@ async def run_point(
     progress: Progress | None = None,
 ) -> tuple[list[RequestResult], float]:
     """Send every request; return their results in order and the point's wall duration."""
-    url = base_url.rstrip("/") + "/v1/completions"
+    base = base_url.rstrip("/")
     results: list[RequestResult | None] = [None] * len(requests)
     finished = 0
     limit = load.concurrency
@@ -234,6 +271,7 @@ async def run_point(
         async def send(i: int) -> None:
             nonlocal finished
             async with gate:
+                url = base + requests[i].path
                 results[i] = await one_request(session, url, model, requests[i], timeout_s)
             finished += 1
             if progress is not None:

@@ -38,6 +38,11 @@ class RequestResult:
     output_tokens: int | None = None
     #: Chunks that carried text (not a token count: a chunk may carry several tokens).
     chunks: int = 0
+    #: Of those, chunks that carried only reasoning text (a chat answer's reasoning_content).
+    reasoning_chunks: int = 0
+    #: usage.prompt_tokens_details.cached_tokens: prompt tokens the server took from its cache;
+    #: None when it did not say.
+    cached_tokens: int | None = None
     timed_out: bool = False
     #: The engine's own per-request timings where it sends them (llama-server's `timings`:
     #: predicted_n, predicted_ms, draft_n, draft_n_accepted, ...), numbers only.
@@ -162,4 +167,62 @@ def engine_timings(done: Sequence[RequestResult]) -> dict[str, object] | None:
         "draft_n": drafted,
         "draft_n_accepted": accepted,
         "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+    }
+
+
+#: Prompt tokens a server may take from its cache beyond what a workload shares on purpose, with
+#: one token a word: the BOS token, a leading-space token, and a chance first word or two of
+#: fresh prompts (cache_slack scales the words by the tokenizer's tokens per word).
+CACHE_SLACK: Final = 4
+CACHE_SLACK_WORDS: Final = 2
+
+
+def cache_slack(words_per_token: float) -> int:
+    """CACHE_SLACK for a tokenizer of `words_per_token` (learnt by /tokenize): a character-level
+    vocabulary's first two words are a dozen tokens, and two fresh prompts share their first
+    letters by chance as often as a word-level vocabulary's prompts share nothing."""
+    per_word = 1.0 / words_per_token if words_per_token > 0 else 1.0
+    return CACHE_SLACK - CACHE_SLACK_WORDS + math.ceil(CACHE_SLACK_WORDS * max(per_word, 1.0))
+
+
+def spread(values: Sequence[int]) -> dict[str, float | int | None]:
+    """{requests, mean, min, max, stdev} of a length distribution (population stdev)."""
+    if not values:
+        return {"requests": 0, "mean": None, "min": None, "max": None, "stdev": None}
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / len(values)
+    return {
+        "requests": len(values),
+        "mean": round(mean, 4),
+        "min": min(values),
+        "max": max(values),
+        "stdev": round(math.sqrt(var), 4),
+    }
+
+
+#: Tokens a chat template puts around a message (`<|im_start|>user\n ... <|im_end|>\n`): the
+#: same in every chat request, so a prefix cache serves them.
+CHAT_TEMPLATE_SLACK: Final = 8
+
+
+def workload_figures(results: Sequence[RequestResult], allowed: Sequence[int]) -> dict[str, object]:
+    """What the point's prompts and answers really were: lengths from usage (mean and spread),
+    content against reasoning chunks, and the prompt tokens the server served from its cache,
+    flagged where a request's is more than the workload shares on purpose (`allowed`, one a
+    request: the shared prefix or system message, the template, and the slack)."""
+    done_allowed = [(r, a) for r, a in zip(results, allowed, strict=True) if r.ok]
+    done = [r for r, _ in done_allowed]
+    cached = [r.cached_tokens for r in done if r.cached_tokens is not None]
+    over = [r for r, a in done_allowed if r.cached_tokens is not None and r.cached_tokens > a]
+    return {
+        "input_lengths": spread([r.prompt_tokens for r in done if r.prompt_tokens is not None]),
+        "output_lengths": spread([r.output_tokens for r in done if r.output_tokens is not None]),
+        "content_chunks": sum(r.chunks - r.reasoning_chunks for r in done),
+        "reasoning_chunks": sum(r.reasoning_chunks for r in done),
+        "cached_prompt_tokens": sum(cached) if cached else None,
+        "requests_with_cached_count": len(cached),
+        # None: no request said (unknown), never "no cache".
+        "cache_flag": bool(over) if cached else None,
+        "requests_over_cache": len(over),
+        "cached_tokens_max": max(cached) if cached else None,
     }

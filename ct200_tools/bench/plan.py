@@ -14,7 +14,7 @@ serving_sets:                            # names from the site spec; a label wit
   - {name: qwen-pair, servers: [qwen-tp4-ddtree, qwen-tp4-base]}   # two side by side
 workloads:
   - {name: short, input_tokens: 128, output_tokens: 64, requests: 32}
-  - {name: chat, prompts: prompts.jsonl, output_tokens: 256, requests: 64}
+  - {name: chat, endpoint: chat, prompts: prompts.jsonl, output_tokens: from-dataset}
 concurrency: [1, 4, 8, 16, 32]           # and/or request_rates: [2.0, 8.0] (Poisson arrivals)
 repetitions: 3
 warmup: 2                                # requests per point, sent first and not counted
@@ -27,28 +27,28 @@ timeout_s: 600                           # per request
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final
 
 from ct200_tools.bench.metrics import Slo
+from ct200_tools.bench.workload import WORKLOAD, Workload
+from ct200_tools.bench.workload import parse as _workload
 from ct200_tools.spec.files import decode, parse_yaml
 from ct200_tools.spec.model import SpecError, SpecIssue
 from ct200_tools.spec.read import Issues, Section, entries, kind, section, show, subsection
 from ct200_tools.untrusted import UntrustedInputError, read_bounded
 
+__all__ = ["WORKLOAD", "Plan", "PlanError", "ServingSet", "Workload", "load_plan", "validate"]
+
 MAX_PLAN_BYTES: Final = 256 << 10
-MAX_PROMPTS_BYTES: Final = 64 << 20
-MAX_PROMPTS: Final = 100_000
 MAX_CONCURRENCY: Final = 4096
-MAX_REQUESTS: Final = 1_000_000
-MAX_TOKENS: Final = 1 << 20
 
 ROOT: Final = {
     "serving_sets": "[qwen-tp4-ddtree, {name: qwen-pair, servers: [qwen-tp4-ddtree, "
     "qwen-tp4-base]}]",
-    "workloads": "[{name: short, input_tokens: 128, output_tokens: 64, requests: 32}]",
+    "workloads": "[{name: short, input_tokens: 128, output_tokens: 64, requests: 32}, {name: "
+    "chat, endpoint: chat, prompts: examples/datasets/ct200-chat.jsonl, output_tokens: 128}]",
     "concurrency": "[1, 4, 8]",
     "request_rates": "[2.0, 8.0]",
     "repetitions": "3",
@@ -57,13 +57,6 @@ ROOT: Final = {
     "seed": "0",
     "timeout_s": "600",
     "model": "qwen3.6-27b",
-}
-WORKLOAD: Final = {
-    "name": "short",
-    "input_tokens": "128",
-    "output_tokens": "64",
-    "prompts": "prompts.jsonl",
-    "requests": "32",
 }
 SLO: Final = {"ttft_ms": "2000", "tpot_ms": "50", "e2e_ms": "60000"}
 SERVING_SET: Final = {"name": "qwen-pair", "servers": "[qwen-tp4-ddtree, qwen-tp4-base]"}
@@ -77,17 +70,6 @@ class PlanError(SpecError):
     def __str__(self) -> str:
         where = f"{self.source}: " if self.source else ""
         return f"{where}{len(self.issues)} problem(s) in the benchmark plan"
-
-
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    output_tokens: int
-    requests: int
-    #: None when the prompts come from a file.
-    input_tokens: int | None = None
-    #: A JSONL of {"prompt": "..."} lines, resolved against the plan's directory.
-    prompts: str | None = None
 
 
 @dataclass(frozen=True)
@@ -199,38 +181,6 @@ def _rate_list(s: Section, key: str) -> tuple[float, ...]:
         else:
             out.append(float(value))
     return tuple(out)
-
-
-def _workload(issues: Issues, value: object, path: str, base: Path) -> Workload | None:
-    s = section(issues, value, path, WORKLOAD, required=("name", "output_tokens"))
-    if s is None:
-        return None
-    name = s.get_name("name")
-    out_tokens = s.get_int("output_tokens", 1, MAX_TOKENS)
-    in_tokens = s.get_int("input_tokens", 1, MAX_TOKENS)
-    prompts = s.get_str("prompts")
-    requests = s.get_int("requests", 1, MAX_REQUESTS)
-    if "input_tokens" in s.data and "prompts" in s.data:
-        issues.error(
-            path,
-            "gives both input_tokens and prompts",
-            "keep one: input_tokens for made-up prompts of that length, or prompts: FILE",
-        )
-    elif "input_tokens" not in s.data and "prompts" not in s.data:
-        issues.error(
-            path,
-            "gives neither input_tokens nor prompts",
-            "add input_tokens: 128 (made-up prompts) or prompts: prompts.jsonl",
-        )
-    if prompts is not None and not os.path.isabs(prompts):
-        prompts = str(base / prompts)
-    if name is None or out_tokens is None:
-        return None
-    if requests is None and not s.has("requests"):
-        requests = 32
-    if requests is None:
-        return None
-    return Workload(name, out_tokens, requests, in_tokens, prompts)
 
 
 def validate(data: object, source: str, base: Path) -> Plan:
@@ -347,37 +297,3 @@ def load_plan(path: str) -> Plan:
     except SpecError as exc:
         raise PlanError([SpecIssue("plan", i.message, i.fix) for i in exc.issues], path) from None
     return validate(doc, path, Path(path).resolve().parent)
-
-
-def read_prompts(path: str, where: str) -> list[str]:
-    """The prompts of a JSONL file: one {"prompt": "..."} object a line (blank lines skipped)."""
-    fix = 'write one JSON object a line, {"prompt": "..."}, UTF-8'
-    try:
-        data = read_bounded(path, "the prompts file", MAX_PROMPTS_BYTES, fix)
-    except UntrustedInputError as exc:
-        raise PlanError([SpecIssue(where, exc.message, exc.fix)], path) from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PlanError([SpecIssue(where, f"is not UTF-8 (byte {exc.start})", fix)], path) from None
-    prompts = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError):
-            obj = None
-        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-            raise PlanError(
-                [SpecIssue(where, f"line {number} is not a JSON object with a string prompt", fix)],
-                path,
-            )
-        prompts.append(obj["prompt"])
-        if len(prompts) > MAX_PROMPTS:
-            raise PlanError(
-                [SpecIssue(where, f"has more than {MAX_PROMPTS} prompts", "use fewer")], path
-            )
-    if not prompts:
-        raise PlanError([SpecIssue(where, "has no prompt", fix)], path)
-    return prompts

@@ -1,20 +1,25 @@
-"""Prompts of a given input length, made deterministically from a seed.
+"""Fresh prompts of a given input length, made deterministically from a seed.
 
-A prompt is a sequence of common English words drawn with `random.Random(seed, index)`, so the
-same workload gives the same prompts on every run and machine, and no two prompts of a point
-share a prefix (which a server's prefix cache would otherwise serve for free). The length is made
-right with the server's own tokenizer where it has one (POST /tokenize: vLLM, SGLang,
-llama-server): the word count is corrected until the server counts the wanted number of tokens,
-then, where a word is several tokens, characters are cut from the end; else the closest found.
-Without /tokenize the prompt has one word per wanted token (about one
-token each in Llama-family tokenizers) and the method says "approximate"; the real count is
-always the server's `usage.prompt_tokens`, recorded per point.
+A prompt is a sequence of common English words drawn with `random.Random(seed, index)`. The
+seed is the point's own (`prompt_seed`: the plan's seed, the run id and the point's key, hashed),
+so no prompt of a run shares more than a chance word or two with any prompt sent before it, in
+this run or an earlier one: a server's prompt cache (llama-server's slots, vLLM's and SGLang's
+prefix caches) has nothing to serve, and TTFT measures the prompt's evaluation. A workload that
+asks for `shared_prefix_tokens` gets one prefix text for the whole run before each fresh rest.
+The length is made right with the server's own tokenizer where it has one (POST /tokenize: vLLM,
+SGLang, llama-server): the word count is corrected until the server counts the wanted number of
+tokens, then, where a word is several tokens, characters are cut from the end; else the closest
+found. The words-per-token ratio learnt is kept by the Maker for every later prompt and point,
+so a prompt usually costs one /tokenize. Without /tokenize (asked once) the prompt has one word
+per wanted token (about one token each in Llama-family tokenizers) and the method says
+"approximate"; the real count is always the server's `usage.prompt_tokens`, recorded per point.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 import aiohttp
@@ -62,6 +67,18 @@ class Prompt:
     method: Method
 
 
+def prompt_seed(plan_seed: int, run_id: str, key: str) -> int:
+    """A point's prompt seed: a different one for every run and point, reproducible from both."""
+    digest = hashlib.sha256(f"{plan_seed}:{run_id}:{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def draw(lo: int, hi: int, count: int, seed: int, salt: str) -> list[int]:
+    """`count` uniform integers from lo to hi (both included), seeded: a length distribution."""
+    rng = random.Random(f"{seed}:{salt}")  # noqa: S311 - reproducible lengths, not secrets
+    return [rng.randint(lo, hi) for _ in range(count)]
+
+
 def words(seed: int, index: int, n: int) -> str:
     rng = random.Random(f"{seed}:{index}")  # noqa: S311 - reproducible text, not secrets
     return " ".join(rng.choice(WORDS) for _ in range(max(n, 1)))
@@ -87,53 +104,55 @@ async def tokenize(
     return _count(answer.data) if answer.ok else None
 
 
-async def _trim(
-    session: aiohttp.ClientSession,
-    base_url: str,
-    model: str,
-    input_tokens: int,
-    best: tuple[int, str, int],
-) -> tuple[int, str, int]:
-    """Closer than a word: where a word is several tokens (a character-level tokenizer, or a
-    rare word), one more word, then characters cut from the end until the count fits."""
-    text = best[1] + " " + " ".join(WORDS[:2]) if best[2] < input_tokens else best[1]
-    for _ in range(MAX_TRIM):
-        text = text[:-1]
-        if not text:
-            break
-        got = await tokenize(session, base_url, model, text)
-        if got is None:
-            break
-        if abs(got - input_tokens) < best[0]:
-            best = (abs(got - input_tokens), text, got)
-        if got <= input_tokens:
-            break
-    return best
+@dataclass
+class Maker:
+    """Makes prompts against one server and learns as it goes: the words-per-token ratio (kept
+    for every later prompt and point of the workload) and whether /tokenize works (asked until
+    it fails once). `calls` counts the /tokenize round trips made."""
 
+    session: aiohttp.ClientSession | None
+    base_url: str
+    model: str
+    ratio: float = 1.0
+    can_tokenize: bool = True
+    calls: int = 0
+    #: /tokenize answered at least once: a later failure is retried at the next point.
+    worked: bool = False
+    _counted: dict[str, int | None] = field(default_factory=dict)
 
-async def make_prompts(
-    session: aiohttp.ClientSession | None,
-    base_url: str,
-    model: str,
-    input_tokens: int,
-    count: int,
-    seed: int,
-) -> list[Prompt]:
-    """`count` prompts of `input_tokens` tokens; ask the server's tokenizer when `session`."""
-    out: list[Prompt] = []
-    ratio = 1.0  # words per token, learnt from the first prompt
-    can_tokenize = session is not None
-    for index in range(count):
-        n_words = max(1, round(input_tokens * ratio))
-        if not can_tokenize or session is None:
-            out.append(Prompt(words(seed, index, n_words), n_words, "approximate"))
-            continue
+    def rebind(self, session: aiohttp.ClientSession | None) -> None:
+        """Use `session` from now on (one a point); a server whose /tokenize worked before is
+        asked again after a failure, one that never answered is not."""
+        self.session = session
+        if session is not None and (self.worked or self.calls == 0):
+            self.can_tokenize = True
+
+    async def count(self, text: str) -> int | None:
+        """The server's token count of `text` (asked once a text), None without /tokenize."""
+        if text in self._counted:
+            return self._counted[text]
+        got = None
+        if self.can_tokenize and self.session is not None:
+            self.calls += 1
+            got = await tokenize(self.session, self.base_url, self.model, text)
+            self.can_tokenize = got is not None
+            self.worked = self.worked or got is not None
+        if len(self._counted) < 4096:
+            self._counted[text] = got
+        return got
+
+    async def prompt(
+        self, seed: int, index: int, input_tokens: int, prefix: Prompt | None = None
+    ) -> Prompt:
+        """A prompt of `input_tokens` tokens: `prefix`'s text, then fresh words."""
+        head = prefix.text + " " if prefix is not None else ""
+        fresh = input_tokens - (prefix.tokens if prefix is not None else 0)
+        n_words = max(1, round(fresh * self.ratio))
         best: tuple[int, str, int] | None = None  # (distance, text, tokens)
         for _ in range(MAX_ROUNDS):
-            text = words(seed, index, n_words)
-            got = await tokenize(session, base_url, model, text)
+            text = head + words(seed, index, n_words)
+            got = await self.count(text)
             if got is None:
-                can_tokenize = False
                 break
             if best is None or abs(got - input_tokens) < best[0]:
                 best = (abs(got - input_tokens), text, got)
@@ -143,11 +162,51 @@ async def make_prompts(
             # Step by at least one word, so a tokenizer that merges words still converges.
             n_words = max(1, n_words + (step or (1 if got < input_tokens else -1)))
         if best is None:
-            out.append(Prompt(words(seed, index, n_words), n_words, "approximate"))
-            continue
+            return Prompt(
+                head + words(seed, index, n_words), len(head.split()) + n_words, "approximate"
+            )
         if best[0]:
-            best = await _trim(session, base_url, model, input_tokens, best)
-        if best[2]:
-            ratio = len(best[1].split()) / best[2]
-        out.append(Prompt(best[1], best[2], "tokenize"))
-    return out
+            best = await self._trim(input_tokens, best)
+        fresh_words = len(best[1].split()) - len(head.split())
+        if best[2] and fresh_words > 0:
+            fresh_tokens = best[2] - (prefix.tokens if prefix is not None else 0)
+            self.ratio = fresh_words / max(fresh_tokens, 1)
+        return Prompt(best[1], best[2], "tokenize")
+
+    async def _trim(self, input_tokens: int, best: tuple[int, str, int]) -> tuple[int, str, int]:
+        """Closer than a word: where a word is several tokens (a character-level tokenizer, or a
+        rare word), one more word, then characters cut from the end until the count fits."""
+        text = best[1] + " " + " ".join(WORDS[:2]) if best[2] < input_tokens else best[1]
+        for _ in range(MAX_TRIM):
+            text = text[:-1]
+            if not text:
+                break
+            got = await self.count(text)
+            if got is None:
+                break
+            if abs(got - input_tokens) < best[0]:
+                best = (abs(got - input_tokens), text, got)
+            if got <= input_tokens:
+                break
+        return best
+
+
+async def make_prompts(
+    session: aiohttp.ClientSession | None,
+    base_url: str,
+    model: str,
+    input_tokens: int,
+    count: int,
+    seed: int,
+    *,
+    lengths: list[int] | None = None,
+    prefix: Prompt | None = None,
+    maker: Maker | None = None,
+) -> list[Prompt]:
+    """`count` fresh prompts of `input_tokens` tokens (or `lengths[i]` each), seeded by `seed`;
+    ask the server's tokenizer when `session`. Pass a `maker` to keep what it learnt."""
+    maker = maker or Maker(session, base_url, model)
+    return [
+        await maker.prompt(seed, index, lengths[index] if lengths else input_tokens, prefix)
+        for index in range(count)
+    ]

@@ -12,10 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from ct200_tools.bench import client, prompts, provenance
+from ct200_tools.bench import client, provenance
+from ct200_tools.bench.feed import Feed, Prepared
 from ct200_tools.bench.http import new_session
-from ct200_tools.bench.metrics import summarize
-from ct200_tools.bench.plan import Plan, Workload, read_prompts
+from ct200_tools.bench.metrics import summarize, workload_figures
+from ct200_tools.bench.plan import Plan, Workload
 from ct200_tools.bench.results import Store
 from ct200_tools.bench.watch import Watch
 
@@ -81,26 +82,9 @@ class Sweep:
     #: Read before and after each point's counted requests (GPU telemetry, /metrics).
     watches: tuple[Watch, ...] = ()
 
-    async def _requests(
-        self, w: Workload, cache: dict[str, tuple[list[client.Request], str]]
-    ) -> tuple[list[client.Request], str]:
-        """The workload's warm-up plus counted requests (same for every point), and how their
-        length was made."""
-        if w.name in cache:
-            return cache[w.name]
-        total = self.plan.warmup + w.requests
-        if w.prompts is not None:
-            texts = read_prompts(w.prompts, f"workloads[{w.name}].prompts")
-            reqs = [client.Request(texts[i % len(texts)], w.output_tokens) for i in range(total)]
-            cache[w.name] = (reqs, "file")
-            return cache[w.name]
-        async with new_session() as session:
-            made = await prompts.make_prompts(
-                session, self.target, self.model, w.input_tokens or 1, total, self.plan.seed
-            )
-        reqs = [client.Request(p.text, w.output_tokens) for p in made]
-        cache[w.name] = (reqs, made[0].method if made else "approximate")
-        return cache[w.name]
+    async def _requests(self, p: Point, feed: Feed) -> Prepared:
+        """The point's warm-up plus counted requests, fresh for this point and run."""
+        return await feed.point(p.workload, p.key)
 
     def _progress(self, p: Point) -> client.Progress | None:
         report = self.progress
@@ -109,12 +93,15 @@ class Sweep:
         return lambda done, total: report(p.key, done, total)
 
     async def run(self) -> list[dict[str, object]]:
-        cache: dict[str, tuple[list[client.Request], str]] = {}
+        attempt = f"/resumed-after-{len(self.done)}" if self.done else ""
+        feed = Feed(self.target, self.model, self.run_id, self.plan.seed, self.plan.warmup, attempt)
         records = []
         for p in points(self.plan, self.label):
             if p.key in self.done:
+                feed.skip(p.workload)
                 continue
-            reqs, method = await self._requests(p.workload, cache)
+            prepared = await self._requests(p, feed)
+            reqs = prepared.requests
             warm, counted = reqs[: self.plan.warmup], reqs[self.plan.warmup :]
             load = client.Load(p.concurrency, p.request_rate, self.plan.seed)
             started = provenance.now_iso()
@@ -142,13 +129,7 @@ class Sweep:
                 "model": self.model,
                 "gated": self.gated,
                 **self.extra,
-                "workload": {
-                    "name": p.workload.name,
-                    "input_tokens": p.workload.input_tokens,
-                    "output_tokens": p.workload.output_tokens,
-                    "prompts": p.workload.prompts,
-                    "prompt_length_method": method,
-                },
+                "workload": prepared.workload,
                 "concurrency": p.concurrency,
                 "request_rate": p.request_rate,
                 "repetition": p.repetition,
@@ -158,6 +139,7 @@ class Sweep:
                 "started": started,
                 "finished": provenance.now_iso(),
                 **summarize(results, duration, self.plan.slo),
+                **workload_figures(results, prepared.cache_allowed),
                 **watched,
             }
             self.store.add_point(record)

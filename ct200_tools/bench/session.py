@@ -25,6 +25,7 @@ from ct200_tools.bench.results import Store
 from ct200_tools.bench.runner import BenchError, Sweep, points, resolve_model
 from ct200_tools.bench.view import point_lines
 from ct200_tools.bench.watch import MetricsWatch
+from ct200_tools.bench.workload import Endpoint
 from ct200_tools.untrusted import show
 
 Echo = Callable[..., None]
@@ -67,8 +68,11 @@ def adhoc_plan(
     warmup: int,
     timeout_s: float,
     model: str | None,
+    endpoint: Endpoint = "completions",
 ) -> Plan:
-    workload = Workload("adhoc", output_tokens, requests, input_tokens=input_tokens)
+    workload = Workload(
+        "adhoc", output_tokens, requests, input_tokens=input_tokens, endpoint=endpoint
+    )
     return Plan(
         workloads=(workload,),
         concurrency=concurrency,

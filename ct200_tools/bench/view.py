@@ -71,6 +71,7 @@ def point_lines(record: Mapping[str, object]) -> list[str]:
     if isinstance(errors, dict):
         for message, count in sorted(errors.items(), key=lambda kv: -int(kv[1])):
             lines.append(f"    {count}x {show(message, 200)}")
+    lines += _cache_lines(record)
     missing = record.get("requests_without_usage")
     if isinstance(missing, int) and missing:
         lines.append(f"    {missing} request(s) without usage: their token counts are unknown")
@@ -98,4 +99,25 @@ def _gpu_lines(gpu: object) -> list[str]:
     if capped:
         at = show(", ".join(map(str, capped)), 200)
         lines.append(f"    at the power limit (SW power cap, not throttling): {at}")
+    return lines
+
+
+def _cache_lines(record: Mapping[str, object]) -> list[str]:
+    """The prompt cache beyond what the workload asked for, and reasoning output, where seen."""
+    lines = []
+    if record.get("cache_flag") is True:
+        w = record.get("workload")
+        allowed = w.get("cache_allowed_tokens_max") if isinstance(w, dict) else None
+        lines.append(
+            f"    CACHED: {record.get('requests_over_cache')} of "
+            f"{record.get('requests_with_cached_count')} request(s) had more prompt tokens "
+            f"served from the server's cache than the workload shares on purpose (up to "
+            f"{record.get('cached_tokens_max')} tokens, {allowed} allowed): TTFT and tok/s "
+            "measure the cache, not the model"
+        )
+    reasoning = record.get("reasoning_chunks")
+    if isinstance(reasoning, int) and reasoning:
+        lines.append(
+            f"    output chunks: {record.get('content_chunks')} content, {reasoning} reasoning"
+        )
     return lines

@@ -24,6 +24,8 @@ Examples:
   ct200-bench run plan.yml --out results/ --force   measure a set the doctor fails (recorded)
   ct200-bench run --target http://127.0.0.1:30000 --concurrency 1,4 \\
       --input-tokens 128 --output-tokens 64 --requests 32 --out results/
+  ct200-bench run --target http://127.0.0.1:30000 --endpoint chat --concurrency 8 \\
+      --input-tokens 128 --output-tokens 256 --out results/
   ct200-bench run plan.yml --target http://127.0.0.1:30000 --out results/ --json
   ct200-bench run plan.yml --target http://127.0.0.1:30000 --out results/ --resume
   ct200-bench report results/ --out report/
@@ -123,6 +125,11 @@ AD_HOC = ("concurrency", "request_rate", "input_tokens", "output_tokens", "reque
 @click.option("--input-tokens", type=click.IntRange(1, 1 << 20), help="Ad hoc: prompt length.")
 @click.option("--output-tokens", type=click.IntRange(1, 1 << 20), help="Ad hoc: answer length.")
 @click.option("--requests", type=click.IntRange(1, 1_000_000), help="Ad hoc: requests a point.")
+@click.option(
+    "--endpoint",
+    type=click.Choice(["completions", "chat"]),
+    help="Ad hoc: /v1/completions (default) or /v1/chat/completions.",
+)
 @click.option("--repetitions", type=click.IntRange(1, 100), help="Each point this many times.")
 @click.option("--warmup", type=click.IntRange(0, 10_000), help="Uncounted requests first.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), help="Per request, s.")
@@ -143,6 +150,7 @@ def run(
     input_tokens: int | None,
     output_tokens: int | None,
     requests: int | None,
+    endpoint: str | None,
     repetitions: int | None,
     warmup: int | None,
     timeout_s: float | None,
@@ -162,6 +170,7 @@ def run(
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,
         "requests": requests,
+        "endpoint": endpoint,
     }
     if target is None and plan_path is None:
         raise click.UsageError(
@@ -201,6 +210,7 @@ def run(
             warmup or 0,
             timeout_s or 600.0,
             model,
+            "chat" if endpoint == "chat" else "completions",
         )
     argv = ["ct200-bench", *sys.argv[1:]]
     tty = sys.stderr.isatty() and not as_json

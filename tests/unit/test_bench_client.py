@@ -12,6 +12,7 @@ previous token would exceed a bound that only a stall of most of a second could 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -136,3 +137,62 @@ def test_an_endless_sse_line_is_cut_at_the_bound() -> None:
         results, _ = run(url, 1, 1)
     (r,) = results
     assert not r.ok and r.error is not None and "longer than" in r.error
+
+
+def _chat(delta: dict[str, object], usage: dict[str, object] | None = None) -> bytes:
+    chunk: dict[str, object] = {"choices": [{"index": 0, "delta": delta}]}
+    if usage is not None:
+        chunk = {"choices": [], "usage": usage}
+    return b"data: " + json.dumps(chunk).encode()
+
+
+def test_a_role_only_chat_chunk_is_no_token_and_reasoning_is() -> None:
+    stream = client._Stream(RequestResult(), 0.0)
+    stream.event(_chat({"role": "assistant", "content": ""}), 0.5)
+    assert stream.result.ttft_s is None and stream.result.chunks == 0
+    stream.event(_chat({"reasoning_content": "think"}), 1.0)
+    stream.event(_chat({"reasoning": "more"}), 1.5)  # newer vLLM's name
+    stream.event(_chat({"content": "answer"}), 2.0)
+    r = stream.result
+    assert r.ttft_s == 1.0 and r.itl_s == [0.5, 0.5]
+    assert (r.chunks, r.reasoning_chunks) == (3, 2)
+
+
+@pytest.mark.parametrize(
+    ("details", "cached"),
+    [
+        ({"cached_tokens": 7}, 7),
+        ({"cached_tokens": -1}, None),
+        ({"cached_tokens": True}, None),
+        ({"cached_tokens": 10**15}, None),
+        ("7", None),
+        (None, None),
+    ],
+)
+def test_cached_tokens_are_kept_only_as_a_bounded_count(
+    details: object, cached: int | None
+) -> None:
+    stream = client._Stream(RequestResult(), 0.0)
+    usage: dict[str, object] = {"prompt_tokens": 9, "completion_tokens": 2}
+    if details is not None:
+        usage["prompt_tokens_details"] = details
+    stream.event(_chat({}, usage), 1.0)
+    assert stream.result.cached_tokens == cached and stream.result.prompt_tokens == 9
+
+
+def test_chat_requests_go_to_chat_completions_with_messages() -> None:
+    req = Request("hi", 3, (("system", "be brief"), ("user", "hi")))
+    body = client.payload("m", req)
+    assert req.path == "/v1/chat/completions" and "prompt" not in body
+    assert body["messages"] == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+    ]
+    assert body["stream_options"] == {"include_usage": True}
+    with standin("--reasoning", "1") as url:
+        results, _ = asyncio.run(client.run_point(url, "standin", [req] * 2, Load(2), 30.0))
+    assert all(r.ok and r.chunks == 3 and r.reasoning_chunks == 1 for r in results)
+    # Two template words a message at the stand-in: 2 + 2 + 2 + 1.
+    assert [r.prompt_tokens for r in results] == [7, 7]
+    # The same messages twice: the second found all but the last token in the stand-in's cache.
+    assert sorted(r.cached_tokens or 0 for r in results) == [0, 6]

@@ -57,11 +57,12 @@ def test_a_full_disk_stops_with_exit_4_and_leaves_whole_files(tmp_path: Path) ->
         "--requests",
         "1",
     )
-    with tiny_tmpfs(tmp_path / "disk", "64k") as disk, standin() as url:
+    # 128 KiB: room for the provenance and 40 points of about 2 KiB each.
+    with tiny_tmpfs(tmp_path / "disk", "128k") as disk, standin() as url:
         out = disk / "out"
         # Leave about 24 KiB: room for the provenance and some points, not for 40.
         filler = disk / "filler"
-        filler.write_bytes(b"x" * (40 << 10))
+        filler.write_bytes(b"x" * (104 << 10))
         proc = bench(*args, "--target", url, "--out", str(out))
         assert proc.returncode == 4, proc.stdout + proc.stderr
         assert "No space left on device" in proc.stderr and "fix: free space" in proc.stderr

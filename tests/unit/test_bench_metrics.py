@@ -6,7 +6,15 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ct200_tools.bench.metrics import RequestResult, Slo, percentile, summarize
+from ct200_tools.bench.metrics import (
+    CACHE_SLACK,
+    RequestResult,
+    Slo,
+    cache_slack,
+    percentile,
+    summarize,
+    workload_figures,
+)
 
 
 @given(
@@ -62,3 +70,26 @@ def test_no_completed_request_gives_no_figures_not_zeroes() -> None:
     assert point["output_tokens"] is None
     assert point["ttft_ms"] == {"mean": None, "p50": None, "p90": None, "p99": None}
     assert point["requests_failed"] == 1
+
+
+def test_cache_flag_is_unknown_without_reports_and_set_beyond_what_is_allowed() -> None:
+    def done(cached: int | None, prompt: int = 30) -> RequestResult:
+        return RequestResult(ok=True, prompt_tokens=prompt, output_tokens=4, cached_tokens=cached)
+
+    unknown = workload_figures([done(None), done(None)], [4, 4])
+    assert unknown["cache_flag"] is None and unknown["cached_prompt_tokens"] is None
+    assert unknown["requests_with_cached_count"] == 0
+    fine = workload_figures([done(1), done(4), done(None)], [4, 4, 4])
+    assert fine["cache_flag"] is False and fine["cached_prompt_tokens"] == 5
+    assert fine["requests_with_cached_count"] == 2
+    served = workload_figures([done(1), done(29), RequestResult(error="x")], [4, 4, 4])
+    assert served["cache_flag"] is True and served["requests_over_cache"] == 1
+    assert served["cached_tokens_max"] == 29
+    lengths = workload_figures([done(0, 10), done(0, 20)], [4, 4])["input_lengths"]
+    assert lengths == {"requests": 2, "mean": 15, "min": 10, "max": 20, "stdev": 5}
+
+
+def test_the_cache_slack_is_two_words_of_the_tokenizer() -> None:
+    assert cache_slack(1.0) == CACHE_SLACK == 4
+    assert cache_slack(1.3) == 4  # a word is never less than one token
+    assert cache_slack(0.2) == 2 + 10  # five characters a word

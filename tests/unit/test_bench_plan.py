@@ -98,6 +98,21 @@ def mutate(path: str, value: object) -> dict[str, object]:
         ),
         ("serving_sets.0", {"name": "p", "server": ["a"]}, "serving_sets[0].server", "unknown key"),
         ("workloads", KeyError, "workloads", "required key is missing"),
+        ("workloads.0.input_tokens", {"min": 9, "max": 3}, "workloads[0].input_tokens", "above"),
+        ("workloads.0.input_tokens", {"min": 2}, "workloads[0].input_tokens.max", "missing"),
+        ("workloads.0.input_tokens", "lots", "workloads[0].input_tokens", "{min, max}"),
+        (
+            "workloads.0.output_tokens",
+            {"min": 0, "max": 3},
+            "workloads[0].output_tokens.min",
+            "range",
+        ),
+        ("workloads.0.output_tokens", "from-dataset", "workloads[0].output_tokens", "without a"),
+        ("workloads.0.input_tokens", "from-dataset", "workloads[0].input_tokens", "without a"),
+        ("workloads.0.endpoint", "chats", "workloads[0].endpoint", "not one of"),
+        ("workloads.0.shared_prefix_tokens", 8, "workloads[0].shared_prefix_tokens", "no fresh"),
+        ("workloads.1.shared_prefix_tokens", 1, "workloads[1].shared_prefix_tokens", "dataset"),
+        ("workloads.1.output_tokens", "from-dataset", "workloads[1].output_tokens", "reference"),
     ],
 )
 def test_a_mutated_plan_is_exit_2_with_the_field_path(
@@ -136,3 +151,55 @@ def test_a_fifo_or_missing_prompts_file_is_exit_2(tmp_path: Path) -> None:
         proc = bench("run", str(plan), "--target", url, "--out", str(tmp_path / "o"))
     assert proc.returncode == 2, proc.stderr
     assert "FIFO" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "where", "words"),
+    [
+        ('{"prompt": "a"}\n{"prompt": 3}\n', "line 2", "not a string"),
+        ('{"prompt": "a"}\n\n{"text": "b"}\n', "line 3", "either a prompt or messages"),
+        ('{"prompt": "a", "messages": []}\n', "line 1", "either a prompt or messages"),
+        ('{"messages": [{"role": "bot", "content": "x"}]}\n', "line 1: messages[0]", "no role"),
+        ('{"messages": [{"role": "assistant", "content": "x"}]}\n', "line 1", "nothing to answer"),
+        ('{"prompt": "a", "output_tokens": -1}\n', "line 1", "not a number of tokens"),
+        ('{"prompt": ' + "[" * 40 + "]" * 40 + "}\n", "line 1", "deeper than"),
+        ('[{"conversations": []}, {"turns": []}]', "entry 1", "no conversations list"),
+        (
+            '[{"conversations": [{"from": "human", "value": 3}]}]',
+            "entry 0: conversations[0]",
+            "value",
+        ),
+        ('[{"conversations": [{"from": "gpt", "value": "x"}]}]', "prompts", "no conversation"),
+        ("[1, 2", "prompts", "not JSON"),
+        ("\xff", "prompts", "not UTF-8"),
+    ],
+)
+def test_a_broken_dataset_is_refused_with_its_line_or_entry(
+    tmp_path: Path, content: str, where: str, words: str
+) -> None:
+    plan = write(tmp_path, GOOD)
+    # Latin-1: one byte a character, so "\xff" is a byte that is no UTF-8.
+    (tmp_path / "prompts.jsonl").write_bytes(content.encode("latin-1"))
+    with pytest.raises(PlanError) as err:
+        load_plan(str(plan))
+    (issue,) = err.value.issues
+    assert issue.path == "workloads[1].prompts", issue
+    assert where in str(issue) and words in str(issue) and issue.fix, str(issue)
+
+
+def test_chat_messages_sent_to_completions_is_exit_2_naming_endpoint_chat(tmp_path: Path) -> None:
+    plan = write(tmp_path, GOOD)
+    (tmp_path / "prompts.jsonl").write_text(
+        '{"prompt": "a"}\n{"messages": [{"role": "user", "content": "b"}]}\n'
+    )
+    proc = bench("run", str(plan), "--target", "http://127.0.0.1:9", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2, proc.stderr
+    assert "error: workloads[1].prompts: line 2 is a list of chat messages" in proc.stderr
+    assert "endpoint: chat" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "o").exists()
+    # The same file with endpoint: chat is a plan.
+    fixed = write(tmp_path, mutate("workloads.1.endpoint", "chat"))
+    (tmp_path / "prompts.jsonl").write_text(
+        '{"prompt": "a"}\n{"messages": [{"role": "user", "content": "b"}]}\n'
+    )
+    assert load_plan(str(fixed)).workloads[1].endpoint == "chat"
