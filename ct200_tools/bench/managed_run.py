@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import Final
 
-from ct200_tools.bench import managed, provenance, telemetry
+from ct200_tools.bench import identity, managed, provenance, telemetry
 from ct200_tools.bench.plan import Plan, PlanError, ServingSet
 from ct200_tools.bench.results import Store
 from ct200_tools.bench.runner import BenchError, Sweep, points, resolve_model
@@ -206,6 +206,8 @@ def _run_server(
     sets = prov["sets"]
     if isinstance(sets, dict):  # _run_set made it one
         sets[label] = entry
+    # What each point measured (pooled as repetitions only with its like: aggregate.py).
+    entry["identity"] = identity.for_run(prov, label)
     store.write_provenance(run_id, prov)
     echo = printer.echo
     if not printer.as_json:
@@ -227,7 +229,7 @@ def _run_server(
         label,
         printer,
         gated=True,
-        extra=admission.point_fields,
+        extra={**admission.point_fields, "identity": entry["identity"]},
         watches=(
             GpuWatch(sampler),
             MetricsWatch(admission.target, admission.server.speculative is not None),

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ct200_tools.bench import provenance
+from ct200_tools.bench import identity, provenance
 from ct200_tools.bench.metrics import Slo
 from ct200_tools.bench.plan import Plan, Workload, load_plan
 from ct200_tools.bench.results import Store
@@ -136,6 +136,7 @@ def run(
         done,
         label,
         on_point,
+        extra={"identity": identity.for_run(prov)},
         watches=(MetricsWatch(target, False),),
     )
     if tty:

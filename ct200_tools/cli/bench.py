@@ -269,14 +269,21 @@ def compare(old_dir: str, new_dir: str, threshold: float, as_json: bool) -> None
     from ct200_tools.bench import aggregate  # noqa: PLC0415
     from ct200_tools.bench import compare as cmp  # noqa: PLC0415
 
-    changes = cmp.compare(aggregate.load([old_dir]), aggregate.load([new_dir]), threshold)
+    old, new = aggregate.load([old_dir]), aggregate.load([new_dir])
+    changes = cmp.compare(old, new, threshold)
+    notes = cmp.notes(old, new)
     if not changes:
         raise click.UsageError(
             "OLD and NEW share no serving set, workload and load: nothing to compare"
         )
     regressions = [c for c in changes if c.regression]
     if as_json:
-        doc = {"schema_version": 1, "threshold": threshold, "changes": cmp.as_dicts(changes)}
+        doc = {
+            "schema_version": 1,
+            "threshold": threshold,
+            "changes": cmp.as_dicts(changes),
+            "notes": notes,
+        }
         click.echo(json.dumps(doc, indent=1, sort_keys=True))
     else:
         click.echo(
@@ -285,6 +292,8 @@ def compare(old_dir: str, new_dir: str, threshold: float, as_json: bool) -> None
         )
         for line in cmp.lines(changes):
             click.echo(line)
+        for note in notes:
+            click.echo(f"  note: {note}")
     sys.exit(Exit.FAILED if regressions else Exit.OK)
 
 
