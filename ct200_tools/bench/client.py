@@ -213,8 +213,11 @@ async def run_point(
     load: Load,
     timeout_s: float,
     progress: Progress | None = None,
+    deadline_s: float | None = None,
 ) -> tuple[list[RequestResult], float]:
-    """Send every request; return their results in order and the point's wall duration."""
+    """Send every request; return their results in order and the point's wall duration. With
+    `deadline_s`, none is sent after that many seconds (those in flight finish): only the
+    results of those sent are returned."""
     url = base_url.rstrip("/") + "/v1/completions"
     results: list[RequestResult | None] = [None] * len(requests)
     finished = 0
@@ -231,9 +234,14 @@ async def run_point(
     ) as session:
         gate = asyncio.Semaphore(limit)
 
+        unsent: set[int] = set()
+
         async def send(i: int) -> None:
             nonlocal finished
             async with gate:
+                if deadline_s is not None and time.perf_counter() - start >= deadline_s:
+                    unsent.add(i)  # the point's time is up: not sent, not a failure
+                    return
                 results[i] = await one_request(session, url, model, requests[i], timeout_s)
             finished += 1
             if progress is not None:
@@ -246,6 +254,9 @@ async def run_point(
             for i in range(len(requests)):
                 if load.request_rate is not None and i:
                     await asyncio.sleep(rng.expovariate(load.request_rate))
+                    if deadline_s is not None and time.perf_counter() - start >= deadline_s:
+                        unsent.update(range(i, len(requests)))
+                        break
                 tasks.append(asyncio.create_task(send(i)))
             await asyncio.gather(*tasks)
         finally:
@@ -254,4 +265,8 @@ async def run_point(
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*tasks, return_exceptions=True)
         duration = time.perf_counter() - start
-    return [r if r is not None else RequestResult(error="not sent") for r in results], duration
+    return [
+        r if r is not None else RequestResult(error="not sent")
+        for i, r in enumerate(results)
+        if i not in unsent
+    ], duration

@@ -3,6 +3,8 @@
 Points run in plan order (serving set, workload, load, repetition). A point whose key the run
 already recorded is skipped (--resume). A server that dies mid-run turns the rest of the point
 into failed requests, recorded like any other point, and the sweep goes on to the next one.
+With the plan's `sweep.stop_when`, a configuration's levels above its knee are not run
+(knee.py); the point that found the knee says so, and a resumed run stops there too.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from ct200_tools.bench import client, prompts, provenance
+from ct200_tools.bench import client, knee, prompts, provenance
 from ct200_tools.bench.http import new_session
 from ct200_tools.bench.metrics import summarize
 from ct200_tools.bench.plan import Plan, Workload, read_prompts
@@ -111,8 +113,21 @@ class Sweep:
     async def run(self) -> list[dict[str, object]]:
         cache: dict[str, tuple[list[client.Request], str]] = {}
         records = []
+        plan = self.plan
+        tracker = knee.Tracker(plan.stop, plan.repetitions, plan.concurrency)
+        # A resumed sweep counts the levels it measured before, and stops where it stopped.
+        before = (
+            {str(r.get("key")): r for r in self.store.points(self.run_id)}
+            if (self.done and plan.stop)
+            else {}
+        )
         for p in points(self.plan, self.label):
+            series = (p.serving_set, p.workload.name)
+            if tracker.skips(series, p.request_rate):
+                continue
             if p.key in self.done:
+                if p.key in before and p.request_rate is None:
+                    tracker.seen(series, p.concurrency, before[p.key])
                 continue
             reqs, method = await self._requests(p.workload, cache)
             warm, counted = reqs[: self.plan.warmup], reqs[self.plan.warmup :]
@@ -126,7 +141,13 @@ class Sweep:
                 warm_failed = sum(1 for r in warm_results if not r.ok)
             states = [await w.before() for w in self.watches]
             results, duration = await client.run_point(
-                self.target, self.model, counted, load, self.plan.timeout_s, self._progress(p)
+                self.target,
+                self.model,
+                counted,
+                load,
+                self.plan.timeout_s,
+                self._progress(p),
+                deadline_s=plan.max_seconds,
             )
             watched = {}
             for w, state in zip(self.watches, states, strict=True):
@@ -160,6 +181,13 @@ class Sweep:
                 **summarize(results, duration, self.plan.slo),
                 **watched,
             }
+            if plan.max_seconds is not None:
+                cut = len(results) < len(counted)
+                record.update(max_seconds=plan.max_seconds, requests_sent=len(results), cut=cut)
+            if p.request_rate is None:
+                stop = tracker.seen(series, p.concurrency, record)
+                if stop is not None:
+                    record["knee"] = stop
             self.store.add_point(record)
             records.append(record)
             if self.on_point is not None:

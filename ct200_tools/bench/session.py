@@ -143,11 +143,12 @@ def run(
         sweep.progress = progress_line(echo)
     with ending(store, run_id, prov):
         records = asyncio.run(sweep.run())
-    total = len(points(plan, label))
+    past_knee = len(points(plan, label)) - len(records) - len(done)
     failed = on_point.failed
     if not as_json:
+        knee = f", {past_knee} not run past the knee" if past_knee else ""
         echo(
-            f"ct200-bench: {len(records)} point(s) recorded ({total - len(records)} before), "
+            f"ct200-bench: {len(records)} point(s) recorded ({len(done)} before{knee}), "
             f"{failed} failed request(s); results {show(str(store.results))}, provenance "
             f"{show(str(store.run_dir(run_id)))}"
         )

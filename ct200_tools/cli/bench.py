@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import os
@@ -126,6 +127,11 @@ AD_HOC = ("concurrency", "request_rate", "input_tokens", "output_tokens", "reque
 @click.option("--repetitions", type=click.IntRange(1, 100), help="Each point this many times.")
 @click.option("--warmup", type=click.IntRange(0, 10_000), help="Uncounted requests first.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), help="Per request, s.")
+@click.option(
+    "--max-seconds",
+    type=click.FloatRange(min=0.1, max=7 * 86_400),
+    help="Each point sends no request after this many seconds (recorded as cut).",
+)
 @click.option("--model", help="The model name to ask for [default: the first of /v1/models].")
 @click.option(
     "--label", default="target", show_default=True, callback=_label, help="Name of the serving set."
@@ -146,6 +152,7 @@ def run(
     repetitions: int | None,
     warmup: int | None,
     timeout_s: float | None,
+    max_seconds: float | None,
     model: str | None,
     label: str,
     resume: bool,
@@ -202,6 +209,8 @@ def run(
             timeout_s or 600.0,
             model,
         )
+    if max_seconds is not None:
+        plan = dataclasses.replace(plan, max_seconds=max_seconds)
     argv = ["ct200-bench", *sys.argv[1:]]
     tty = sys.stderr.isatty() and not as_json
     if target is None:
