@@ -13,7 +13,7 @@ from typing import Final
 from ct200_tools.bench import identity, managed, provenance, telemetry
 from ct200_tools.bench.plan import Plan, PlanError, ServingSet
 from ct200_tools.bench.results import Store
-from ct200_tools.bench.runner import BenchError, Sweep, points, resolve_model
+from ct200_tools.bench.runner import BenchError, Sweep, pending, resolve_model
 from ct200_tools.bench.session import (
     Echo,
     Outcome,
@@ -155,7 +155,7 @@ def _run_set(
     if not isinstance(sets, dict):
         sets = prov["sets"] = {}
     # Servers with points still to measure (all of them, unless this is a --resume).
-    todo = {n for n in sset.servers if any(p.key not in done for p in points(plan, sset.label(n)))}
+    todo = {n for n in sset.servers if pending(plan, sset.label(n), done, store, run_id)}
     if not todo:
         return 0
     try:

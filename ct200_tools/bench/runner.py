@@ -61,6 +61,22 @@ def points(plan: Plan, label: str) -> list[Point]:
     ]
 
 
+def pending(plan: Plan, label: str, done: frozenset[str], store: Store, run_id: str) -> bool:
+    """Whether a resumed run has points of `label` left to measure: not recorded, and not past
+    a knee its recorded points found (a managed run then switches to the server again)."""
+    todo = [p for p in points(plan, label) if p.key not in done]
+    if not todo or plan.stop is None:
+        return bool(todo)
+    stopped = set()
+    for r in store.points(run_id):
+        w = r.get("workload")
+        if isinstance(r.get("knee"), dict) and isinstance(w, dict):
+            stopped.add((r.get("serving_set"), w.get("name")))
+    return any(
+        p.request_rate is not None or (p.serving_set, p.workload.name) not in stopped for p in todo
+    )
+
+
 OnPoint = Callable[[dict[str, object]], None]
 
 

@@ -182,3 +182,56 @@ def test_the_report_marks_the_knee_per_configuration(tmp_path: Path) -> None:
     notes = {(r[0], r[1]): r[-1] for r in report.rows(loaded)}
     assert notes["a", "c=2"] == "knee" and notes["b", "c=2"] == ""
     assert notes["b", "c=4"] == "knee, sweep stopped (gain)"
+
+
+def test_a_managed_sweep_stops_at_each_servers_knee_and_resume_switches_to_none(
+    tmp_path: Path,
+) -> None:
+    """Two servers (sets) behind a one-stream stand-in: each stops at c=2; --resume finds
+    nothing left and switches to neither. Their points carry an identity whose `args` is the
+    digest of the server's rendered unit: a changed unit is another configuration."""
+    from ct200_tools.bench import managed_run  # noqa: PLC0415
+    from ct200_tools.bench.plan import load_plan  # noqa: PLC0415
+    from ct200_tools.spec import load_spec  # noqa: PLC0415
+    from tests.unit import nvml_standin  # noqa: PLC0415
+    from tests.unit.test_bench_managed import Switches, ready, write_site  # noqa: PLC0415
+
+    plan_path = _plan(
+        tmp_path,
+        serving_sets=["set-a", "set-b"],
+        model="standin",
+        sweep={"stop_when": {"gain_below": 0.5}},
+    )
+    (tmp_path / "units").mkdir()
+    unit = tmp_path / "units" / "ct200-server-set-a.service"
+    out, out2 = tmp_path / "out", tmp_path / "out2"
+
+    def go(resume: bool, switches: Switches, port: int, out: Path = out) -> None:
+        spec = write_site(tmp_path, port)
+        managed_run.run_managed(
+            load_plan(str(plan_path)),
+            managed_run.Managed(
+                load_spec(spec), str(spec), False, switches, ready, nvml_standin.h200(),
+                unit_dir=str(tmp_path / "units"),
+            ),
+            str(out), resume=resume, as_json=False, argv=["ct200-bench", "run"],
+            echo=lambda *a, **k: None, tty=False,
+        )  # fmt: skip
+
+    with standin("--itl", "0.02", "--max-streams", "1") as url:
+        port = int(url.rsplit(":", 1)[1])
+        unit.write_text("[Service]\nExecStart=llama-server -np 1\n")
+        go(False, Switches(), port)
+        done = [(p["serving_set"], p["concurrency"]) for p in _points(out)]
+        assert done == [("set-a", 1), ("set-a", 2), ("set-b", 1), ("set-b", 2)]
+        again = Switches()
+        go(True, again, port)
+        assert again.calls == [] and len(_points(out)) == 4
+        args = {p["serving_set"]: p["identity"]["args"] for p in _points(out)}  # type: ignore[index]
+        assert isinstance(args["set-a"], str) and len(args["set-a"]) == 12
+        unit.write_text("[Service]\nExecStart=llama-server -np 4\n")
+        go(False, Switches(), port, out2)  # the same servers, set-a's unit changed
+    loaded = aggregate.load([str(out), str(out2)])
+    configs = sorted({g.config for g in loaded.groups})
+    assert len(configs) == 3 and configs[2] == "set-b", configs
+    assert all(c.startswith("set-a [args ") for c in configs[:2]), configs
