@@ -207,6 +207,12 @@ def load(dirs: Iterable[str]) -> Loaded:
             )
             group.points.append(point)
     notes = split(groups.values())
+    unknown = sum(len(g.points) for g in groups.values() if not any(g.identity.values()))
+    if unknown:
+        notes.append(
+            f"{unknown} point(s) carry no identity and their run has no provenance: they pool "
+            "by serving set alone (whatever server they measured)"
+        )
     ordered = sorted(
         groups.values(), key=lambda g: (g.config, g.workload, g.request_rate or 0.0, g.concurrency)
     )

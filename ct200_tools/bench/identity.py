@@ -261,3 +261,13 @@ def suffixes(identities: Sequence[Mapping[str, object]]) -> list[str]:
         if out.count(s) > 1:
             out[n] = s[:-1] + f", #{n + 1}]"
     return out
+
+
+def describe(ident: Mapping[str, object]) -> str:
+    """Every known field, raw text (the caller escapes it): what a configuration measured."""
+    known = [
+        (f"{k} " if k in ("host", "target", "engine") else "") + _shown(k, ident.get(k))
+        for k in FIELDS
+        if ident.get(k) is not None
+    ]
+    return ", ".join(known) or "unknown (no identity, no provenance)"

@@ -15,6 +15,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ct200_tools.bench import identity
 from ct200_tools.bench.aggregate import Group, Loaded, Stat
 from ct200_tools.fsutil import write_atomic
 from ct200_tools.untrusted import show
@@ -259,6 +260,8 @@ def html_page(loaded: Loaded, notes: Sequence[str]) -> str:
         for stem, title, ylabel, figs in plots(loaded)
     ]
     runs = [f"<li>{e(line)}</li>" for line in run_lines(loaded)]
+    shown = {g.config: identity.describe(g.identity) for g in loaded.groups}
+    configs = [f"<li>{e(show(c, 160))}: {e(show(d, 400))}</li>" for c, d in sorted(shown.items())]
     return "\n".join(
         [
             "<!DOCTYPE html>",
@@ -279,6 +282,10 @@ def html_page(loaded: Loaded, notes: Sequence[str]) -> str:
             "sweep stopped = the level at which it stopped (gain: output tok/s gained less than "
             "the bound; goodput: too few requests met the SLO), higher levels were not run; "
             "cut = the point reached its max_seconds before sending every request.</p>",
+            "<h2>Configurations</h2><p>Points pool as repetitions only when they measured the "
+            "same host, server, engine version, model and server arguments.</p><ul>",
+            *configs,
+            "</ul>",
             "<h2>Runs</h2><ul>",
             *runs,
             "</ul>",

@@ -49,6 +49,9 @@ def test_two_models_behind_one_label_are_two_configurations(tmp_path: Path) -> N
     assert rows[0].startswith("| target [750 Mparams, 1.5 GB] | c=1 | 1 |"), rows
     assert rows[1].startswith("| target [800 kparams, 1.6 MB] | c=1 | 1 |"), rows
     assert "target is split into 2 configurations" in rep.stderr
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert "<li>target [800 kparams, 1.6 MB]: host " in page
+    assert "engine llama-server, version standin, model standin, 800 kparams, 1.6 MB" in page
     assert "differ in n_params, model_size" in rep.stderr
 
 
@@ -168,3 +171,15 @@ def test_split_names_are_escaped_in_every_format(tmp_path: Path) -> None:
     assert "c\\|d_e" in (tmp_path / "rep" / "table.md").read_text()
     assert r"c|d\_e" in (tmp_path / "rep" / "table.tex").read_text()
     assert any("split into 2 configurations" in n and "\x1b" not in n for n in written.notes)
+
+
+def test_points_without_identity_or_provenance_say_so(tmp_path: Path) -> None:
+    _old_store(tmp_path, "h", {}, "target")
+    for run in (tmp_path / "runs").iterdir():
+        (run / "provenance.json").unlink()
+    loaded = aggregate.load([str(tmp_path)])
+    assert [g.config for g in loaded.groups] == ["target"]
+    assert loaded.notes == [
+        "1 point(s) carry no identity and their run has no provenance: they pool by serving "
+        "set alone (whatever server they measured)"
+    ]
