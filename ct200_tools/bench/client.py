@@ -60,6 +60,8 @@ class Load:
     #: as `concurrency` allows.
     request_rate: float | None = None
     seed: int = 0
+    #: No request is sent after this many seconds from the first (the plan's max_seconds).
+    max_seconds: float | None = None
 
 
 class StreamError(Exception):
@@ -213,11 +215,10 @@ async def run_point(
     load: Load,
     timeout_s: float,
     progress: Progress | None = None,
-    deadline_s: float | None = None,
 ) -> tuple[list[RequestResult], float]:
     """Send every request; return their results in order and the point's wall duration. With
-    `deadline_s`, none is sent after that many seconds (those in flight finish): only the
-    results of those sent are returned."""
+    `load.max_seconds`, none is sent after that many seconds (those in flight finish): only
+    the results of those sent are returned."""
     url = base_url.rstrip("/") + "/v1/completions"
     results: list[RequestResult | None] = [None] * len(requests)
     finished = 0
@@ -235,6 +236,7 @@ async def run_point(
         gate = asyncio.Semaphore(limit)
 
         unsent: set[int] = set()
+        deadline_s = load.max_seconds
 
         async def send(i: int) -> None:
             nonlocal finished

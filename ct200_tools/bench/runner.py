@@ -147,7 +147,7 @@ class Sweep:
                 continue
             reqs, method = await self._requests(p.workload, cache)
             warm, counted = reqs[: self.plan.warmup], reqs[self.plan.warmup :]
-            load = client.Load(p.concurrency, p.request_rate, self.plan.seed)
+            load = client.Load(p.concurrency, p.request_rate, self.plan.seed, plan.max_seconds)
             started = provenance.now_iso()
             warm_failed = 0
             if warm:
@@ -157,13 +157,7 @@ class Sweep:
                 warm_failed = sum(1 for r in warm_results if not r.ok)
             states = [await w.before() for w in self.watches]
             results, duration = await client.run_point(
-                self.target,
-                self.model,
-                counted,
-                load,
-                self.plan.timeout_s,
-                self._progress(p),
-                deadline_s=plan.max_seconds,
+                self.target, self.model, counted, load, self.plan.timeout_s, self._progress(p)
             )
             watched = {}
             for w, state in zip(self.watches, states, strict=True):
