@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,7 +148,7 @@ def _identity(point: dict[str, object], runs: dict[str, dict[str, object]]) -> d
     )
 
 
-def split(groups: Iterable[Group]) -> list[str]:
+def split(groups: Collection[Group]) -> list[str]:
     """Name each configuration: a serving set whose points have several identities becomes one
     configuration per identity, `SET [what differs]`; the notes say why."""
     by_base: dict[str, list[dict[str, object]]] = {}

@@ -317,7 +317,7 @@ def _stop_rule(s: Section, concurrency: tuple[int, ...], slo: Slo) -> StopRule |
         return None
     rule = StopRule(_number(when, "gain_below", -1, 10), _number(when, "goodput_below", 0, 1))
     where = when.path
-    if rule == StopRule() and not s.issues.items:
+    if not when.data:
         s.issues.error(where, "names no condition", f"give e.g. {SWEEP['stop_when']}")
     if rule.goodput_below is not None and not slo.is_set():
         s.issues.error(
