@@ -15,7 +15,10 @@ Faults, for the tests: --fail-every N answers every Nth completion with HTTP 500
 N closes every Nth stream after two tokens; --no-usage sends no usage; --die-after N exits the
 process (os._exit) when the Nth completion starts; --stall-after N never answers a completion
 after the Nth (a run that cannot end by itself, for a test that must interrupt it); --timings
-adds llama-server's per-request `timings` (with draft counts) to the last chunk.
+adds llama-server's per-request `timings` (with draft counts) to the last chunk. --model-meta N
+lists the model in /v1/models with llama-server's `meta` (N parameters, 2N bytes: a model's
+size, for the report's pooling). --max-streams N serves N completions at a time and queues the
+rest (an engine whose throughput saturates at N streams: the sweep's knee).
 It prints "port N" once it listens.
 
     python benchmarks/bench_client/standin.py --port 0 --ttft 0.05 --itl 0.02
@@ -30,6 +33,7 @@ import os
 import sys
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 
 def _chunk(text: str, finish: str | None = None) -> bytes:
@@ -91,12 +95,28 @@ class PrefixCache:
         return min(best, max(len(words) - 1, 0))
 
 
+def _stream_limit(most: int) -> Middleware:
+    """At most `most` completions answered at a time (0: no limit); the others wait."""
+    gate = asyncio.Semaphore(most or 1 << 30)
+
+    @web.middleware
+    async def limit(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method != "POST" or "completions" not in request.path:
+            return await handler(request)
+        async with gate:
+            return await handler(request)
+
+    return limit
+
+
 def app(args: argparse.Namespace) -> web.Application:  # noqa: PLR0915 - one server
     count = 0
     cache = PrefixCache()
 
     async def models(_: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": args.model_id}]})
+        meta = {"n_params": args.model_meta, "size": 2 * args.model_meta}
+        entry = {"id": args.model_id, **({"meta": meta} if args.model_meta else {})}
+        return web.json_response({"object": "list", "data": [entry]})
 
     async def props(_: web.Request) -> web.Response:
         return web.json_response({"default_generation_settings": {}, "build_info": "standin"})
@@ -171,7 +191,7 @@ def app(args: argparse.Namespace) -> web.Application:  # noqa: PLR0915 - one ser
         await resp.write_eof()
         return resp
 
-    application = web.Application()
+    application = web.Application(middlewares=[_stream_limit(args.max_streams)])
     application.router.add_get("/v1/models", models)
     application.router.add_get("/props", props)
     application.router.add_post("/tokenize", tokenize)
@@ -206,6 +226,8 @@ def main() -> None:
     p.add_argument("--huge-line", action="store_true", help="4 MiB without a newline")
     p.add_argument("--timings", action="store_true", help="llama-server's timings, with a draft")
     p.add_argument("--reasoning", type=int, default=0, help="chat: first N tokens as reasoning")
+    p.add_argument("--model-meta", type=int, default=0, help="/v1/models meta: N parameters")
+    p.add_argument("--max-streams", type=int, default=0, help="answer N completions at once")
     p.add_argument("--lifetime", type=float, default=600.0, help="exit after this many seconds")
     args = p.parse_args()
     try:

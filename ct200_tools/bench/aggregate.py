@@ -1,6 +1,10 @@
 """Points read back from results directories, grouped by configuration and load, with the
 repetitions folded into a mean and a standard deviation (the noise `compare` judges against).
 
+Points are repetitions of one thing only when their identity agrees (identity.py: host, server,
+engine and version, model and its size, the server's arguments): a serving set whose points
+measured different things is split into configurations named by what differs, with a note.
+
 Results files are untrusted input (they may come from another machine): read bounded through
 results.read_lines, and each field used is type-checked here; a point missing one is skipped
 and counted, never a crash.
@@ -8,11 +12,13 @@ and counted, never a crash.
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ct200_tools.bench import identity
 from ct200_tools.bench.results import Store
 from ct200_tools.untrusted import UntrustedInputError, show
 
@@ -58,6 +64,12 @@ class Group:
     concurrency: int
     request_rate: float | None
     points: list[dict[str, object]] = field(default_factory=list)
+    #: The serving set as the plan named it (`config` adds a suffix when the set is split).
+    base: str = ""
+    identity: dict[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.base = self.base or self.config
 
     @property
     def load(self) -> str:
@@ -94,12 +106,18 @@ class Group:
             v for p in self.points if isinstance(v := p.get(key), int) and not isinstance(v, bool)
         )
 
+    def knees(self) -> list[dict[str, object]]:
+        """The sweep's stop records among these points (runner: the point that ended a sweep)."""
+        return [k for p in self.points if isinstance(k := p.get("knee"), dict)]
+
 
 @dataclass
 class Loaded:
     groups: list[Group]
     skipped: int
     runs: dict[str, dict[str, object]]
+    #: Why serving sets were split into several configurations.
+    notes: list[str] = field(default_factory=list)
 
 
 def _key(point: dict[str, object]) -> tuple[str, str, int, float | None] | None:
@@ -119,8 +137,45 @@ def _key(point: dict[str, object]) -> tuple[str, str, int, float | None] | None:
     return s, name, c, None if r is None else float(r)
 
 
+def _identity(point: dict[str, object], runs: dict[str, dict[str, object]]) -> dict[str, object]:
+    """The point's own identity, or (recorded before there was one) its run's provenance's."""
+    own = identity.clean(point.get("identity"))
+    if own is not None:
+        return own
+    run = point.get("run_id")
+    return identity.of_provenance(
+        runs.get(run) if isinstance(run, str) else None, point.get("serving_set")
+    )
+
+
+def split(groups: Collection[Group]) -> list[str]:
+    """Name each configuration: a serving set whose points have several identities becomes one
+    configuration per identity, `SET [what differs]`; the notes say why."""
+    by_base: dict[str, list[dict[str, object]]] = {}
+    for g in groups:
+        seen = by_base.setdefault(g.base, [])
+        if g.identity not in seen:
+            seen.append(g.identity)
+    names: dict[tuple[str, str], str] = {}
+    notes = []
+    for base, ids in sorted(by_base.items()):
+        if len(ids) < 2:
+            continue
+        ids.sort(key=lambda i: json.dumps(i, sort_keys=True))
+        for i, suffix in zip(ids, identity.suffixes(ids), strict=True):
+            names[base, json.dumps(i, sort_keys=True)] = base + suffix
+        notes.append(
+            f"{show(base, 120)} is split into {len(ids)} configurations: its points differ in "
+            f"{', '.join(identity.differing(ids))}, and points pool as repetitions only when "
+            "they measured the same host, server, engine version, model and server arguments"
+        )
+    for g in groups:
+        g.config = names.get((g.base, json.dumps(g.identity, sort_keys=True)), g.base)
+    return notes
+
+
 def load(dirs: Iterable[str]) -> Loaded:
-    groups: dict[tuple[str, str, int, float | None], Group] = {}
+    groups: dict[tuple[str, str, str, int, float | None], Group] = {}
     skipped = 0
     runs: dict[str, dict[str, object]] = {}
     for d in dirs:
@@ -145,8 +200,20 @@ def load(dirs: Iterable[str]) -> Loaded:
             if key is None:
                 skipped += 1
                 continue
-            groups.setdefault(key, Group(*key)).points.append(point)
+            ident = _identity(point, runs)
+            s, w, c, r = key
+            group = groups.setdefault(
+                (s, json.dumps(ident, sort_keys=True), w, c, r), Group(*key, identity=ident)
+            )
+            group.points.append(point)
+    notes = split(groups.values())
+    unknown = sum(len(g.points) for g in groups.values() if not any(g.identity.values()))
+    if unknown:
+        notes.append(
+            f"{unknown} point(s) carry no identity and their run has no provenance: they pool "
+            "by serving set alone (whatever server they measured)"
+        )
     ordered = sorted(
         groups.values(), key=lambda g: (g.config, g.workload, g.request_rate or 0.0, g.concurrency)
     )
-    return Loaded(ordered, skipped, runs)
+    return Loaded(ordered, skipped, runs, notes)

@@ -72,6 +72,8 @@ class Load:
     #: as `concurrency` allows.
     request_rate: float | None = None
     seed: int = 0
+    #: No request is sent after this many seconds from the first (the plan's max_seconds).
+    max_seconds: float | None = None
 
 
 class StreamError(Exception):
@@ -251,7 +253,9 @@ async def run_point(
     timeout_s: float,
     progress: Progress | None = None,
 ) -> tuple[list[RequestResult], float]:
-    """Send every request; return their results in order and the point's wall duration."""
+    """Send every request; return their results in order and the point's wall duration. With
+    `load.max_seconds`, none is sent after that many seconds (those in flight finish): only
+    the results of those sent are returned."""
     base = base_url.rstrip("/")
     results: list[RequestResult | None] = [None] * len(requests)
     finished = 0
@@ -268,11 +272,19 @@ async def run_point(
     ) as session:
         gate = asyncio.Semaphore(limit)
 
+        unsent: set[int] = set()
+        deadline_s = load.max_seconds
+
         async def send(i: int) -> None:
             nonlocal finished
             async with gate:
+                if deadline_s is not None and time.perf_counter() - start >= deadline_s:
+                    unsent.add(i)  # the point's time is up: not sent, not a failure
+                    return
                 url = base + requests[i].path
-                results[i] = await one_request(session, url, model, requests[i], timeout_s)
+                result = await one_request(session, url, model, requests[i], timeout_s)
+                result.index = i
+                results[i] = result
             finished += 1
             if progress is not None:
                 progress(finished, len(requests))
@@ -284,6 +296,9 @@ async def run_point(
             for i in range(len(requests)):
                 if load.request_rate is not None and i:
                     await asyncio.sleep(rng.expovariate(load.request_rate))
+                    if deadline_s is not None and time.perf_counter() - start >= deadline_s:
+                        unsent.update(range(i, len(requests)))
+                        break
                 tasks.append(asyncio.create_task(send(i)))
             await asyncio.gather(*tasks)
         finally:
@@ -292,4 +307,8 @@ async def run_point(
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*tasks, return_exceptions=True)
         duration = time.perf_counter() - start
-    return [r if r is not None else RequestResult(error="not sent") for r in results], duration
+    return [
+        r if r is not None else RequestResult(error="not sent", index=i)
+        for i, r in enumerate(results)
+        if i not in unsent
+    ], duration

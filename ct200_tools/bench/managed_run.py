@@ -10,10 +10,10 @@ import os
 from dataclasses import dataclass
 from typing import Final
 
-from ct200_tools.bench import managed, provenance, telemetry
+from ct200_tools.bench import identity, managed, provenance, telemetry
 from ct200_tools.bench.plan import Plan, PlanError, ServingSet
 from ct200_tools.bench.results import Store
-from ct200_tools.bench.runner import BenchError, Sweep, points, resolve_model
+from ct200_tools.bench.runner import BenchError, Sweep, pending, resolve_model
 from ct200_tools.bench.session import (
     Echo,
     Outcome,
@@ -155,7 +155,7 @@ def _run_set(
     if not isinstance(sets, dict):
         sets = prov["sets"] = {}
     # Servers with points still to measure (all of them, unless this is a --resume).
-    todo = {n for n in sset.servers if any(p.key not in done for p in points(plan, sset.label(n)))}
+    todo = {n for n in sset.servers if pending(plan, sset.label(n), done, store, run_id)}
     if not todo:
         return 0
     try:
@@ -206,6 +206,8 @@ def _run_server(
     sets = prov["sets"]
     if isinstance(sets, dict):  # _run_set made it one
         sets[label] = entry
+    # What each point measured (pooled as repetitions only with its like: aggregate.py).
+    entry["identity"] = identity.for_run(prov, label)
     store.write_provenance(run_id, prov)
     echo = printer.echo
     if not printer.as_json:
@@ -227,7 +229,7 @@ def _run_server(
         label,
         printer,
         gated=True,
-        extra=admission.point_fields,
+        extra={**admission.point_fields, "identity": entry["identity"]},
         watches=(
             GpuWatch(sampler),
             MetricsWatch(admission.target, admission.server.speculative is not None),

@@ -27,6 +27,9 @@ class RequestResult:
     """One request as the client saw it; times in seconds from when it was sent."""
 
     ok: bool = False
+    #: Its place among the point's requests (client.run_point): a point cut by max_seconds
+    #: returns only the requests it sent, so per-request data is matched by this, not by order.
+    index: int = 0
     #: Why it failed ("HTTP 500: ...", "timeout after 60 s", "connection closed mid-stream").
     error: str | None = None
     ttft_s: float | None = None
@@ -210,7 +213,7 @@ def workload_figures(results: Sequence[RequestResult], allowed: Sequence[int]) -
     content against reasoning chunks, and the prompt tokens the server served from its cache,
     flagged where a request's is more than the workload shares on purpose (`allowed`, one a
     request: the shared prefix or system message, the template, and the slack)."""
-    done_allowed = [(r, a) for r, a in zip(results, allowed, strict=True) if r.ok]
+    done_allowed = [(r, allowed[r.index]) for r in results if r.ok]
     done = [r for r, _ in done_allowed]
     cached = [r.cached_tokens for r in done if r.cached_tokens is not None]
     over = [r for r, a in done_allowed if r.cached_tokens is not None and r.cached_tokens > a]

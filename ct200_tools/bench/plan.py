@@ -21,6 +21,8 @@ warmup: 2                                # requests per point, sent first and no
 slo: {ttft_ms: 2000, tpot_ms: 50, e2e_ms: 60000}
 seed: 0
 timeout_s: 600                           # per request
+sweep: {stop_when: {gain_below: 0.05, goodput_below: 0.9}}   # stop at the knee (knee.py)
+max_seconds: 300                         # each point sends no request after this
 ```
 """
 
@@ -31,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final
 
+from ct200_tools.bench.knee import StopRule
 from ct200_tools.bench.metrics import Slo
 from ct200_tools.bench.workload import WORKLOAD, Workload
 from ct200_tools.bench.workload import parse as _workload
@@ -57,7 +60,11 @@ ROOT: Final = {
     "seed": "0",
     "timeout_s": "600",
     "model": "qwen3.6-27b",
+    "sweep": "{stop_when: {gain_below: 0.05, goodput_below: 0.9}}",
+    "max_seconds": "300",
 }
+SWEEP: Final = {"stop_when": "{gain_below: 0.05, goodput_below: 0.9}"}
+STOP_WHEN: Final = {"gain_below": "0.05", "goodput_below": "0.9"}
 SLO: Final = {"ttft_ms": "2000", "tpot_ms": "50", "e2e_ms": "60000"}
 SERVING_SET: Final = {"name": "qwen-pair", "servers": "[qwen-tp4-ddtree, qwen-tp4-base]"}
 #: Servers one set may switch to at once (CT200 has 8 GPUs: 8 one-GPU servers at most).
@@ -112,6 +119,10 @@ class Plan:
     timeout_s: float = 600.0
     model: str | None = None
     source: str = "(options)"
+    #: Stop raising concurrency at the knee (plan `sweep.stop_when`); None: run every level.
+    stop: StopRule | None = None
+    #: Each point sends no request after this many seconds (--max-seconds).
+    max_seconds: float | None = None
 
     @property
     def set_names(self) -> tuple[str, ...]:
@@ -121,6 +132,9 @@ class Plan:
         """The plan as recorded in provenance (and compared on --resume)."""
         out = asdict(self)
         out.pop("source")
+        for key in ("stop", "max_seconds"):  # absent when unset, as plans recorded before them
+            if out[key] is None:
+                out.pop(key)
         out["serving_sets"] = [s.as_plan() for s in self.serving_sets]
         plain: dict[str, object] = json.loads(json.dumps(out))  # tuples as lists, as in JSON
         return plain
@@ -224,6 +238,8 @@ def validate(data: object, source: str, base: Path) -> Plan:
     seed = s.get_int("seed", 0, 2**63 - 1)
     timeout_s = _number(s, "timeout_s", 0, 86_400)
     model = s.get_str("model")
+    stop = _stop_rule(s, concurrency, slo)
+    max_seconds = _number(s, "max_seconds", 0, 7 * 86_400)
     if issues.items:
         raise PlanError(issues.items, source)
     return Plan(
@@ -238,7 +254,35 @@ def validate(data: object, source: str, base: Path) -> Plan:
         timeout_s=timeout_s or 600.0,
         model=model,
         source=source,
+        stop=stop,
+        max_seconds=max_seconds,
     )
+
+
+def _stop_rule(s: Section, concurrency: tuple[int, ...], slo: Slo) -> StopRule | None:
+    """`sweep: {stop_when: {gain_below, goodput_below}}`: the knee rule (knee.py)."""
+    sweep = subsection(s, "sweep", SWEEP, required=("stop_when",))
+    when = subsection(sweep, "stop_when", STOP_WHEN) if sweep is not None else None
+    if when is None:
+        return None
+    rule = StopRule(_number(when, "gain_below", -1, 10), _number(when, "goodput_below", 0, 1))
+    where = when.path
+    if not when.data:
+        s.issues.error(where, "names no condition", f"give e.g. {SWEEP['stop_when']}")
+    if rule.goodput_below is not None and not slo.is_set():
+        s.issues.error(
+            f"{where}.goodput_below",
+            "needs an SLO: the fraction of requests meeting it is what it bounds",
+            f"add slo: {ROOT['slo']}, or drop goodput_below",
+        )
+    if list(concurrency) != sorted(concurrency):
+        s.issues.error(
+            "concurrency",
+            f"{list(concurrency)} is not in increasing order, and sweep.stop_when stops at the "
+            "first level that no longer pays",
+            f"list the levels from low to high: {sorted(concurrency)}",
+        )
+    return rule
 
 
 def _serving_set(issues: Issues, value: object, where: str) -> ServingSet | None:

@@ -15,6 +15,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ct200_tools.bench import identity
 from ct200_tools.bench.aggregate import Group, Loaded, Stat
 from ct200_tools.fsutil import write_atomic
 from ct200_tools.untrusted import show
@@ -67,6 +68,45 @@ def series(loaded: Loaded, figures: Sequence[tuple[str, str]]) -> Series:
     return {k: sorted(v) for k, v in out.items()}
 
 
+def knees(loaded: Loaded) -> dict[tuple[str, str], set[int]]:
+    """Per configuration and workload, the concurrency levels a sweep found to be its knee (the
+    last level that paid off before it stopped: runner's `knee.at`)."""
+    out: dict[tuple[str, str], set[int]] = {}
+    for g in loaded.groups:
+        for k in g.knees():
+            at = k.get("at")
+            if isinstance(at, int) and not isinstance(at, bool):
+                out.setdefault((g.config, g.workload), set()).add(at)
+    return out
+
+
+def knee_marks(loaded: Loaded, figures: Sequence[tuple[str, str]]) -> Series:
+    """The knee points of each plotted series (same names as series())."""
+    many = len({g.workload for g in loaded.groups}) > 1
+    at = knees(loaded)
+    out: Series = {}
+    for g in loaded.groups:
+        if g.request_rate is not None or g.concurrency not in at.get((g.config, g.workload), ()):
+            continue
+        for figure, suffix in figures:
+            s = g.figure(figure)
+            if s is not None:
+                out.setdefault(label(g, many) + suffix, []).append((g.concurrency, s.mean))
+    return out
+
+
+def _notes(g: Group, at: dict[tuple[str, str], set[int]]) -> list[str]:
+    out = g.flags()
+    if g.request_rate is None and g.concurrency in at.get((g.config, g.workload), ()):
+        out.append("knee")
+    for k in g.knees():
+        reason = k.get("reason")
+        out.append(f"sweep stopped ({reason if reason in ('gain', 'goodput') else '?'})")
+    if any(p.get("cut") is True for p in g.points):
+        out.append("cut")
+    return out
+
+
 def _fmt(s: Stat | None, digits: int = 1) -> str:
     if s is None:
         return "-"
@@ -78,13 +118,14 @@ def _fmt(s: Stat | None, digits: int = 1) -> str:
 def rows(loaded: Loaded) -> list[list[str]]:
     """The table's cells (raw text; each format escapes them)."""
     many = len({g.workload for g in loaded.groups}) > 1
+    at = knees(loaded)
     out = []
     for g in loaded.groups:
         ttft = f"{_fmt(g.figure('ttft_p50_ms'))} / {_fmt(g.figure('ttft_p99_ms'))}"
         itl = f"{_fmt(g.figure('itl_p50_ms'), 2)} / {_fmt(g.figure('itl_p99_ms'), 2)}"
         out.append(
             [
-                show(label(g, many), 80),
+                show(label(g, many), 160),
                 g.load,
                 str(len(g.points)),
                 f"{g.total('requests_completed')}/{g.total('requests_failed')}",
@@ -94,7 +135,7 @@ def rows(loaded: Loaded) -> list[list[str]]:
                 itl,
                 _fmt(g.figure("e2e_p50_ms"), 0),
                 _fmt(g.figure("acceptance_length"), 2),
-                ", ".join(g.flags()),
+                ", ".join(_notes(g, at)),
             ]
         )
     return out
@@ -148,7 +189,7 @@ def latex(loaded: Loaded) -> str:
     return "\n".join(lines) + "\n"
 
 
-def svg(title: str, ylabel: str, data: Series) -> str:
+def svg(title: str, ylabel: str, data: Series, marks: Series | None = None) -> str:
     """A line chart as inline SVG; x positions are the concurrency levels, evenly spaced."""
     width, height, left, right, top, bottom = 640, 360, 70, 170, 30, 50
     xs = sorted({x for pts in data.values() for x, _ in pts})
@@ -188,6 +229,13 @@ def svg(title: str, ylabel: str, data: Series) -> str:
         parts += [
             f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{color}"/>' for x, y in pts
         ]
+        parts += [
+            f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="8" fill="none" stroke="{color}" '
+            f'stroke-width="2"/><text x="{px(x):.1f}" y="{py(y) - 12:.1f}" '
+            f'text-anchor="middle" fill="{color}">knee</text>'
+            for x, y in (marks or {}).get(name, [])
+            if x in xs
+        ]
         ly = top + 14 * n + 6
         parts.append(
             f'<rect x="{left + pw + 10}" y="{ly - 8}" width="10" height="10" fill="{color}"/>'
@@ -202,20 +250,18 @@ def html_page(loaded: Loaded, notes: Sequence[str]) -> str:
     table = ["<table>", "<tr>" + "".join(f"<th>{e(h)}</th>" for h in HEAD) + "</tr>"]
     table += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows(loaded)]
     table.append("</table>")
-    charts = [svg(title, ylabel, series(loaded, figs)) for _, title, ylabel, figs in plots(loaded)]
-    runs = []
-    for run_id, prov in sorted(loaded.runs.items()):
-        engine = prov.get("engine")
-        what = engine.get("engine") if isinstance(engine, dict) else None
-        name = what.get("name") if isinstance(what, dict) else None
-        runs.append(
-            f"<li>{e(show(run_id, 60))}: {e(show(prov.get('target') or prov.get('mode'), 120))}"
-            ", engine "
-            f"{e(show(name, 40))}, model {e(show(prov.get('model'), 80))}, "
-            f"{e(show(prov.get('started'), 30))} to {e(show(prov.get('finished'), 30))}, "
-            f"host {e(show(prov.get('host'), 60))}, "
-            f"{'gated' if prov.get('gated') is True else 'ungated'}</li>"
+    charts = [
+        svg(
+            title,
+            ylabel,
+            series(loaded, figs),
+            knee_marks(loaded, figs) if stem == "throughput" else None,
         )
+        for stem, title, ylabel, figs in plots(loaded)
+    ]
+    runs = [f"<li>{e(line)}</li>" for line in run_lines(loaded)]
+    shown = {g.config: identity.describe(g.identity) for g in loaded.groups}
+    configs = [f"<li>{e(show(c, 160))}: {e(show(d, 400))}</li>" for c, d in sorted(shown.items())]
     return "\n".join(
         [
             "<!DOCTYPE html>",
@@ -231,7 +277,15 @@ def html_page(loaded: Loaded, notes: Sequence[str]) -> str:
             "Metrics as vLLM bench serve and SGLang bench_serving define them. Notes: forced = "
             "measured past a failing doctor check (--force); throttled = a GPU clock-event "
             "reason (power cap, thermal or hardware slowdown) was active before or after a "
-            "point; ungated = a --target run, not admitted by the doctor.</p>",
+            "point; ungated = a --target run, not admitted by the doctor; knee = the last "
+            "concurrency level that paid off before the sweep stopped (plan `sweep.stop_when`); "
+            "sweep stopped = the level at which it stopped (gain: output tok/s gained less than "
+            "the bound; goodput: too few requests met the SLO), higher levels were not run; "
+            "cut = the point reached its max_seconds before sending every request.</p>",
+            "<h2>Configurations</h2><p>Points pool as repetitions only when they measured the "
+            "same host, server, engine version, model and server arguments.</p><ul>",
+            *configs,
+            "</ul>",
             "<h2>Runs</h2><ul>",
             *runs,
             "</ul>",
@@ -239,6 +293,39 @@ def html_page(loaded: Loaded, notes: Sequence[str]) -> str:
             "</body></html>",
         ]
     )
+
+
+def _engine_name(info: object) -> object:
+    engine = info.get("engine") if isinstance(info, dict) else None
+    return engine.get("name") if isinstance(engine, dict) else None
+
+
+def run_lines(loaded: Loaded) -> list[str]:
+    """One escaped line per run: what it measured, where, when. A managed run's engine and
+    model are its servers' (provenance `sets`), a --target run's its own."""
+    out = []
+    for run_id, prov in sorted(loaded.runs.items()):
+        sets = prov.get("sets")
+        if isinstance(sets, dict) and sets:
+            what = "; ".join(
+                f"{show(label, 60)}: engine {show(_engine_name(entry.get('engine')), 40)}, "
+                f"model {show(entry.get('model'), 80)}"
+                if isinstance(entry, dict)
+                else show(label, 60)
+                for label, entry in sorted(sets.items())[:32]
+            )
+        else:
+            what = (
+                f"engine {show(_engine_name(prov.get('engine')), 40)}, "
+                f"model {show(prov.get('model'), 80)}"
+            )
+        out.append(
+            f"{show(run_id, 60)}: {show(prov.get('target') or prov.get('mode'), 120)}, {what}, "
+            f"{show(prov.get('started'), 30)} to {show(prov.get('finished'), 30)}, "
+            f"host {show(prov.get('host'), 60)}, "
+            f"{'gated' if prov.get('gated') is True else 'ungated'}"
+        )
+    return out
 
 
 def pngs(loaded: Loaded, out_dir: str) -> tuple[list[str], list[str]]:
@@ -256,6 +343,13 @@ def pngs(loaded: Loaded, out_dir: str) -> tuple[list[str], list[str]]:
         fig, ax = plt.subplots(figsize=(7, 4))
         for name, pts in sorted(series(loaded, figs).items()):
             ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=show(name, 40))
+        marks = knee_marks(loaded, figs) if stem == "throughput" else {}
+        for pts in marks.values():
+            ax.scatter([x for x, _ in pts], [y for _, y in pts], s=150, facecolors="none",
+                       edgecolors="black", zorder=3)  # fmt: skip
+            for x, y in pts:
+                ax.annotate("knee", (x, y), textcoords="offset points", xytext=(0, 10),
+                            ha="center", fontsize=8)  # fmt: skip
         levels = sorted({x for pts in series(loaded, figs).values() for x, _ in pts})
         if levels:
             # Concurrency doubles from level to level in most sweeps: a log2 axis spaces them.
@@ -277,6 +371,7 @@ def pngs(loaded: Loaded, out_dir: str) -> tuple[list[str], list[str]]:
 def write(loaded: Loaded, out_dir: str) -> Written:
     os.makedirs(out_dir, exist_ok=True)
     png_files, notes = pngs(loaded, out_dir)
+    notes += loaded.notes
     if loaded.skipped:
         notes.append(f"{loaded.skipped} point(s) without a configuration or load were skipped")
     files = []

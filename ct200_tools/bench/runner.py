@@ -3,6 +3,8 @@
 Points run in plan order (serving set, workload, load, repetition). A point whose key the run
 already recorded is skipped (--resume). A server that dies mid-run turns the rest of the point
 into failed requests, recorded like any other point, and the sweep goes on to the next one.
+With the plan's `sweep.stop_when`, a configuration's levels above its knee are not run
+(knee.py); the point that found the knee says so, and a resumed run stops there too.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from ct200_tools.bench import client, provenance
+from ct200_tools.bench import client, knee, provenance
 from ct200_tools.bench.feed import Feed, Prepared
 from ct200_tools.bench.http import new_session
 from ct200_tools.bench.metrics import summarize, workload_figures
@@ -60,6 +62,22 @@ def points(plan: Plan, label: str) -> list[Point]:
     ]
 
 
+def pending(plan: Plan, label: str, done: frozenset[str], store: Store, run_id: str) -> bool:
+    """Whether a resumed run has points of `label` left to measure: not recorded, and not past
+    a knee its recorded points found (a managed run then switches to the server again)."""
+    todo = [p for p in points(plan, label) if p.key not in done]
+    if not todo or plan.stop is None:
+        return bool(todo)
+    stopped = set()
+    for r in store.points(run_id):
+        w = r.get("workload")
+        if isinstance(r.get("knee"), dict) and isinstance(w, dict):
+            stopped.add((r.get("serving_set"), w.get("name")))
+    return any(
+        p.request_rate is not None or (p.serving_set, p.workload.name) not in stopped for p in todo
+    )
+
+
 OnPoint = Callable[[dict[str, object]], None]
 
 
@@ -96,14 +114,27 @@ class Sweep:
         attempt = f"/resumed-after-{len(self.done)}" if self.done else ""
         feed = Feed(self.target, self.model, self.run_id, self.plan.seed, self.plan.warmup, attempt)
         records = []
+        plan = self.plan
+        tracker = knee.Tracker(plan.stop, plan.repetitions, plan.concurrency)
+        # A resumed sweep counts the levels it measured before, and stops where it stopped.
+        before = (
+            {str(r.get("key")): r for r in self.store.points(self.run_id)}
+            if (self.done and plan.stop)
+            else {}
+        )
         for p in points(self.plan, self.label):
+            series = (p.serving_set, p.workload.name)
+            if tracker.skips(series, p.request_rate):
+                continue
             if p.key in self.done:
                 feed.skip(p.workload)
+                if p.key in before and p.request_rate is None:
+                    tracker.seen(series, p.concurrency, before[p.key])
                 continue
             prepared = await self._requests(p, feed)
             reqs = prepared.requests
             warm, counted = reqs[: self.plan.warmup], reqs[self.plan.warmup :]
-            load = client.Load(p.concurrency, p.request_rate, self.plan.seed)
+            load = client.Load(p.concurrency, p.request_rate, self.plan.seed, plan.max_seconds)
             started = provenance.now_iso()
             warm_failed = 0
             if warm:
@@ -142,6 +173,13 @@ class Sweep:
                 **workload_figures(results, prepared.cache_allowed),
                 **watched,
             }
+            if plan.max_seconds is not None:
+                cut = len(results) < len(counted)
+                record.update(max_seconds=plan.max_seconds, requests_sent=len(results), cut=cut)
+            if p.request_rate is None:
+                stop = tracker.seen(series, p.concurrency, record)
+                if stop is not None:
+                    record["knee"] = stop
             self.store.add_point(record)
             records.append(record)
             if self.on_point is not None:

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ct200_tools.bench import provenance
+from ct200_tools.bench import identity, provenance
 from ct200_tools.bench.metrics import Slo
 from ct200_tools.bench.plan import Plan, Workload, load_plan
 from ct200_tools.bench.results import Store
@@ -140,17 +140,19 @@ def run(
         done,
         label,
         on_point,
+        extra={"identity": identity.for_run(prov)},
         watches=(MetricsWatch(target, False),),
     )
     if tty:
         sweep.progress = progress_line(echo)
     with ending(store, run_id, prov):
         records = asyncio.run(sweep.run())
-    total = len(points(plan, label))
+    past_knee = len(points(plan, label)) - len(records) - len(done)
     failed = on_point.failed
     if not as_json:
+        knee = f", {past_knee} not run past the knee" if past_knee else ""
         echo(
-            f"ct200-bench: {len(records)} point(s) recorded ({total - len(records)} before), "
+            f"ct200-bench: {len(records)} point(s) recorded ({len(done)} before{knee}), "
             f"{failed} failed request(s); results {show(str(store.results))}, provenance "
             f"{show(str(store.run_dir(run_id)))}"
         )

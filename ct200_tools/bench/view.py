@@ -75,6 +75,14 @@ def point_lines(record: Mapping[str, object]) -> list[str]:
     missing = record.get("requests_without_usage")
     if isinstance(missing, int) and missing:
         lines.append(f"    {missing} request(s) without usage: their token counts are unknown")
+    if record.get("cut") is True:
+        lines.append(
+            f"    CUT at max_seconds {_num(record.get('max_seconds'))}: "
+            f"{show(record.get('requests_sent'))} of {show(total)} requests sent"
+        )
+    knee = record.get("knee")
+    if isinstance(knee, dict):
+        lines.append(f"    SWEEP STOPPED: {show(knee.get('message'), 300)}")
     return lines
 
 

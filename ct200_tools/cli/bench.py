@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import os
@@ -133,6 +134,11 @@ AD_HOC = ("concurrency", "request_rate", "input_tokens", "output_tokens", "reque
 @click.option("--repetitions", type=click.IntRange(1, 100), help="Each point this many times.")
 @click.option("--warmup", type=click.IntRange(0, 10_000), help="Uncounted requests first.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), help="Per request, s.")
+@click.option(
+    "--max-seconds",
+    type=click.FloatRange(min=0.1, max=7 * 86_400),
+    help="Each point sends no request after this many seconds (recorded as cut).",
+)
 @click.option("--model", help="The model name to ask for [default: the first of /v1/models].")
 @click.option(
     "--label", default="target", show_default=True, callback=_label, help="Name of the serving set."
@@ -154,6 +160,7 @@ def run(
     repetitions: int | None,
     warmup: int | None,
     timeout_s: float | None,
+    max_seconds: float | None,
     model: str | None,
     label: str,
     resume: bool,
@@ -212,6 +219,8 @@ def run(
             model,
             "chat" if endpoint == "chat" else "completions",
         )
+    if max_seconds is not None:
+        plan = dataclasses.replace(plan, max_seconds=max_seconds)
     argv = ["ct200-bench", *sys.argv[1:]]
     tty = sys.stderr.isatty() and not as_json
     if target is None:
@@ -279,14 +288,21 @@ def compare(old_dir: str, new_dir: str, threshold: float, as_json: bool) -> None
     from ct200_tools.bench import aggregate  # noqa: PLC0415
     from ct200_tools.bench import compare as cmp  # noqa: PLC0415
 
-    changes = cmp.compare(aggregate.load([old_dir]), aggregate.load([new_dir]), threshold)
+    old, new = aggregate.load([old_dir]), aggregate.load([new_dir])
+    changes = cmp.compare(old, new, threshold)
+    notes = cmp.notes(old, new)
     if not changes:
         raise click.UsageError(
             "OLD and NEW share no serving set, workload and load: nothing to compare"
         )
     regressions = [c for c in changes if c.regression]
     if as_json:
-        doc = {"schema_version": 1, "threshold": threshold, "changes": cmp.as_dicts(changes)}
+        doc = {
+            "schema_version": 1,
+            "threshold": threshold,
+            "changes": cmp.as_dicts(changes),
+            "notes": notes,
+        }
         click.echo(json.dumps(doc, indent=1, sort_keys=True))
     else:
         click.echo(
@@ -295,6 +311,8 @@ def compare(old_dir: str, new_dir: str, threshold: float, as_json: bool) -> None
         )
         for line in cmp.lines(changes):
             click.echo(line)
+        for note in notes:
+            click.echo(f"  note: {note}")
     sys.exit(Exit.FAILED if regressions else Exit.OK)
 
 

@@ -147,6 +147,9 @@ def test_a_sweep_over_two_sets_switches_between_them(managed: Managed) -> None:
         assert p["requests_completed"] == 2 and p["requests_failed"] == 0
         assert p["output_tokens"] == 8  # the server's usage: 2 requests x 4 tokens
         assert p["gpu"]["before"] == {"available": False, "reason": "the server has no GPUs"}
+        # The playbook names the host by its inventory name (CT200_BENCH_HOST): fetched
+        # results of several hosts are so many configurations in the report.
+        assert p["identity"]["host"] == CT
     prov = managed.provenance
     assert (prov["mode"], prov["gated"], prov["state"]) == ("managed", True, "finished")
     assert "tiny-b" in prov["spec"]["text"]
