@@ -90,7 +90,8 @@ class Group:
 
     def flags(self) -> list[str]:
         """What the reader must know about how these figures were taken: admitted past a
-        failing doctor (forced), with a GPU throttled, or not admitted at all (ungated)."""
+        failing doctor (forced), with a GPU throttled, not admitted at all (ungated), or served
+        more from the server's prompt cache than the workload asked for (cached)."""
         out = []
         if any(p.get("forced") is True for p in self.points):
             out.append("forced")
@@ -99,6 +100,8 @@ class Group:
             out.append("throttled")
         if any(p.get("gated") is False for p in self.points):
             out.append("ungated")
+        if any(p.get("cache_flag") is True for p in self.points):
+            out.append("cached")
         return out
 
     def total(self, key: str) -> int:

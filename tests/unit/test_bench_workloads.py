@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ct200_tools.bench import datasets
+from ct200_tools.bench import aggregate, datasets
 from ct200_tools.bench.feed import Feed, Prepared
 from ct200_tools.bench.plan import PlanError
 from ct200_tools.bench.workload import Workload
@@ -96,6 +96,9 @@ def test_a_dataset_sent_again_is_flagged_as_served_from_cache(tmp_path: Path) ->
     assert p["workload"]["dataset_repeats"] == 2
     assert p["cache_flag"] is True and p["requests_over_cache"] == 2
     assert "CACHED: 2 of 4 request(s)" in stdout, stdout
+    # The report says so beside the figures (Notes), not only the run's text view.
+    loaded = aggregate.load([str(out)])
+    assert [g.flags() for g in loaded.groups] == [["ungated", "cached"]]
 
 
 def test_chat_counts_reasoning_as_output_and_no_role_only_token(tmp_path: Path) -> None:
