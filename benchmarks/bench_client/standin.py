@@ -11,6 +11,10 @@ N closes every Nth stream after two tokens; --no-usage sends no usage; --die-aft
 process (os._exit) when the Nth completion starts; --stall-after N never answers a completion
 after the Nth (a run that cannot end by itself, for a test that must interrupt it); --timings
 adds llama-server's per-request `timings` (with draft counts) to the last chunk.
+--usage-tokens N reports N completion tokens whatever was streamed; --tokens-per-chunk K streams
+K tokens in each chunk (as a speculative server does); --redirect-to URL answers every request
+with HTTP 302 to URL, --redirect-completions URL only the completions; --api-key KEY answers
+HTTP 401 to a request without `Authorization: Bearer KEY`, as vLLM's --api-key does.
 It prints "port N" once it listens.
 
     python benchmarks/bench_client/standin.py --port 0 --ttft 0.05 --itl 0.02
@@ -25,6 +29,7 @@ import os
 import sys
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 
 def _chunk(text: str, finish: str | None = None) -> bytes:
@@ -35,6 +40,22 @@ def _chunk(text: str, finish: str | None = None) -> bytes:
         "choices": [{"index": 0, "text": text, "finish_reason": finish}],
     }
     return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def _guard(args: argparse.Namespace) -> list[Middleware]:
+    """The scripted redirects and the API key check, before any route."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        completion = request.path == "/v1/completions"
+        where = args.redirect_to or (args.redirect_completions if completion else None)
+        if where:
+            return web.Response(status=302, headers={"Location": where})
+        if args.api_key and request.headers.get("Authorization") != f"Bearer {args.api_key}":
+            return web.json_response({"error": "invalid api key"}, status=401)
+        return await handler(request)
+
+    return [guard]
 
 
 def app(args: argparse.Namespace) -> web.Application:
@@ -74,17 +95,19 @@ def app(args: argparse.Namespace) -> web.Application:
         prompt_tokens = len(str(body.get("prompt", "")).split())
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for i in range(max_tokens):
+        per_chunk = max(1, args.tokens_per_chunk)
+        for i in range(0, max_tokens, per_chunk):
             delay = args.ttft if i == 0 else args.itl
             if delay:
                 await asyncio.sleep(delay)
-            if args.close_every and n % args.close_every == 0 and i == 2:
+            if args.close_every and n % args.close_every == 0 and i >= 2:
                 # Drop the connection mid-stream: the chunked body never ends.
                 assert request.transport is not None
                 request.transport.abort()
                 return resp
-            finish = "length" if i == max_tokens - 1 else None
-            await resp.write(_chunk(" tok", finish))
+            k = min(per_chunk, max_tokens - i)
+            finish = "length" if i + k >= max_tokens else None
+            await resp.write(_chunk(" tok" * k, finish))
         timings = {}
         if args.timings:
             # llama-server's shape; a draft that proposed two tokens for each one kept.
@@ -98,11 +121,12 @@ def app(args: argparse.Namespace) -> web.Application:
                     "draft_n_accepted": max_tokens,
                 }
             }
+        completion = max_tokens if args.usage_tokens is None else args.usage_tokens
         if not args.no_usage:
             usage = {
                 "prompt_tokens": prompt_tokens,
-                "completion_tokens": max_tokens,
-                "total_tokens": prompt_tokens + max_tokens,
+                "completion_tokens": completion,
+                "total_tokens": prompt_tokens + completion,
             }
             tail = {"id": "cmpl-standin", "choices": [], "usage": usage, **timings}
             await resp.write(b"data: " + json.dumps(tail).encode() + b"\n\n")
@@ -110,7 +134,7 @@ def app(args: argparse.Namespace) -> web.Application:
         await resp.write_eof()
         return resp
 
-    application = web.Application()
+    application = web.Application(middlewares=_guard(args))
     application.router.add_get("/v1/models", models)
     application.router.add_get("/props", props)
     application.router.add_post("/tokenize", tokenize)
@@ -143,6 +167,11 @@ def main() -> None:
     p.add_argument("--model-id", default="standin", help="the id /v1/models lists")
     p.add_argument("--huge-line", action="store_true", help="4 MiB without a newline")
     p.add_argument("--timings", action="store_true", help="llama-server's timings, with a draft")
+    p.add_argument("--usage-tokens", type=int, default=None, help="completion_tokens to report")
+    p.add_argument("--tokens-per-chunk", type=int, default=1, help="tokens in each chunk")
+    p.add_argument("--redirect-to", default="", help="answer every request with 302 to this")
+    p.add_argument("--redirect-completions", default="", help="302 completions to this")
+    p.add_argument("--api-key", default="", help="require Authorization: Bearer KEY")
     p.add_argument("--lifetime", type=float, default=600.0, help="exit after this many seconds")
     args = p.parse_args()
     try:

@@ -1,13 +1,15 @@
 """What can be known of a run: the command, this tool, this host, the times, and the engine.
 
 The engine is asked what it is through the endpoints each one has: GET /v1/models (all), /version
-(vLLM), /get_server_info (SGLang), /props (llama-server). Every answer is untrusted: bounded
+(vLLM), /get_server_info (SGLang), /props (llama-server), all four at once within one deadline (a
+silent server costs one timeout, not four). Every answer is untrusted: read whole and bounded
 (ct200_tools.bench.http), stored exactly as JSON (a machine reader loses nothing) and shown only
 through untrusted.show. A missing endpoint is recorded with its error, never guessed around.
 """
 
 from __future__ import annotations
 
+import asyncio
 import platform
 import socket
 import sys
@@ -18,7 +20,7 @@ from typing import Final
 import aiohttp
 
 from ct200_tools import __version__
-from ct200_tools.bench.http import Answer, request_json
+from ct200_tools.bench.http import Answer, Deadline, request_json
 from ct200_tools.untrusted import show
 
 #: Each engine's self-description; which of them answer tells the engine apart.
@@ -40,11 +42,21 @@ def _answer(a: Answer) -> dict[str, object]:
     return {"url": a.url, "status": a.status, "data": a.data, "error": a.error}
 
 
-async def engine_info(session: aiohttp.ClientSession, base_url: str) -> dict[str, object]:
+async def engine_info(
+    session: aiohttp.ClientSession, base_url: str, deadline: Deadline | None = None
+) -> dict[str, object]:
+    """Every endpoint's answer by name, and `engine`; each request is bounded by the session's
+    timeout and `deadline`."""
     base = base_url.rstrip("/")
-    out: dict[str, object] = {}
-    for name, path in ENGINE_ENDPOINTS.items():
-        out[name] = _answer(await request_json(session, "GET", base + path, max_bytes=MAX_ANSWER))
+    answers = await asyncio.gather(
+        *(
+            request_json(session, "GET", base + path, max_bytes=MAX_ANSWER, deadline=deadline)
+            for path in ENGINE_ENDPOINTS.values()
+        )
+    )
+    out: dict[str, object] = {
+        name: _answer(a) for name, a in zip(ENGINE_ENDPOINTS, answers, strict=True)
+    }
     out["engine"] = guess_engine(out)
     return out
 

@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from ct200_tools.bench import client, prompts, provenance
-from ct200_tools.bench.http import new_session
+from ct200_tools.bench.http import INFO_TIMEOUT_S, PREPARE_S, Deadline, bounded, new_session
 from ct200_tools.bench.metrics import summarize
 from ct200_tools.bench.plan import Plan, Workload, read_prompts
 from ct200_tools.bench.results import Store
+from ct200_tools.bench.target import Auth
 from ct200_tools.bench.watch import Watch
+from ct200_tools.untrusted import show
 
 #: The schema of a point (results.jsonl lines and --json output), docs/bench.md.
 POINT_SCHEMA: Final = 1
@@ -80,6 +82,8 @@ class Sweep:
     extra: dict[str, object] = field(default_factory=dict)
     #: Read before and after each point's counted requests (GPU telemetry, /metrics).
     watches: tuple[Watch, ...] = ()
+    #: The API key sent with every request (--api-key-env), if any.
+    auth: Auth | None = None
 
     async def _requests(
         self, w: Workload, cache: dict[str, tuple[list[client.Request], str]]
@@ -94,9 +98,13 @@ class Sweep:
             reqs = [client.Request(texts[i % len(texts)], w.output_tokens) for i in range(total)]
             cache[w.name] = (reqs, "file")
             return cache[w.name]
-        async with new_session() as session:
-            made = await prompts.make_prompts(
-                session, self.target, self.model, w.input_tokens or 1, total, self.plan.seed
+        async with new_session(min(self.plan.timeout_s, INFO_TIMEOUT_S), self.auth) as session:
+            made = await bounded(
+                prompts.make_prompts(
+                    session, self.target, self.model, w.input_tokens or 1, total, self.plan.seed
+                ),
+                PREPARE_S,
+                f"the /tokenize search for workload {show(w.name, 60)}'s prompts",
             )
         reqs = [client.Request(p.text, w.output_tokens) for p in made]
         cache[w.name] = (reqs, made[0].method if made else "approximate")
@@ -121,12 +129,18 @@ class Sweep:
             warm_failed = 0
             if warm:
                 warm_results, _ = await client.run_point(
-                    self.target, self.model, warm, load, self.plan.timeout_s
+                    self.target, self.model, warm, load, self.plan.timeout_s, auth=self.auth
                 )
                 warm_failed = sum(1 for r in warm_results if not r.ok)
             states = [await w.before() for w in self.watches]
             results, duration = await client.run_point(
-                self.target, self.model, counted, load, self.plan.timeout_s, self._progress(p)
+                self.target,
+                self.model,
+                counted,
+                load,
+                self.plan.timeout_s,
+                self._progress(p),
+                auth=self.auth,
             )
             watched = {}
             for w, state in zip(self.watches, states, strict=True):
@@ -167,11 +181,16 @@ class Sweep:
         return records
 
 
-async def resolve_model(target: str, wanted: str | None) -> tuple[str, dict[str, object]]:
-    """The model to ask for and the engine's self-description; BenchError when neither the plan
-    nor the server names a model."""
-    async with new_session() as session:
-        info = await provenance.engine_info(session, target)
+async def resolve_model(
+    target: str, wanted: str | None, timeout_s: float = INFO_TIMEOUT_S, auth: Auth | None = None
+) -> tuple[str, dict[str, object]]:
+    """The model to ask for and the engine's self-description. BenchError when the target does
+    not answer at all, redirects, wants an API key, or names no model where the plan names none.
+    Its four requests go out at once, each bounded by min(timeout_s, INFO_TIMEOUT_S)."""
+    limit = min(timeout_s, INFO_TIMEOUT_S)
+    async with new_session(limit, auth) as session:
+        info = await provenance.engine_info(session, target, Deadline.after(limit))
+    _check_answered(target, info, auth)
     if wanted is not None:
         return wanted, info
     served = provenance.served_models(info)
@@ -180,9 +199,45 @@ async def resolve_model(target: str, wanted: str | None) -> tuple[str, dict[str,
     models = info.get("models")
     why = models.get("error") if isinstance(models, dict) else None
     raise BenchError(
-        f"GET {target.rstrip('/')}/v1/models named no model ({why or 'an empty list'})",
+        f"GET {show(target)}/v1/models named no model ({why or 'an empty list'})",
         "check that the server runs and answers at --target, or pass --model NAME",
     )
+
+
+def _check_answered(target: str, info: dict[str, object], auth: Auth | None) -> None:
+    """Refuse a target that gave no HTTP answer at all, redirects its API or wants a key."""
+    entries = {
+        path: entry
+        for name, path in provenance.ENGINE_ENDPOINTS.items()
+        if isinstance(entry := info.get(name), dict)
+    }
+    if all(e.get("status") is None for e in entries.values()):
+        errors = {str(e.get("error")) for e in entries.values()}
+        said = (
+            f"GET {', '.join(entries)}: {errors.pop()}"
+            if len(errors) == 1
+            else "; ".join(f"GET {p}: {e.get('error')}" for p, e in entries.items())
+        )
+        raise BenchError(
+            f"{show(target)} did not answer: {said}",
+            "check that the server runs and listens at --target (host, port, http or https), "
+            "or give a slow server more time with --timeout (at most "
+            f"{INFO_TIMEOUT_S:g} s an info request)",
+        )
+    models = entries.get("/v1/models", {})
+    status = models.get("status")
+    if isinstance(status, int) and 300 <= status < 400:
+        raise BenchError(
+            f"GET {show(target)}/v1/models: {models.get('error')}",
+            "give as --target the server's own base URL (the one that answers /v1/models)",
+        )
+    if status in (401, 403):
+        raise BenchError(
+            f"GET {show(target)}/v1/models: HTTP {status}, the server wants an API key"
+            + (f" and refused the one in {auth.env}" if auth is not None else ""),
+            "put the server's key in an environment variable and pass --api-key-env VARIABLE "
+            "(sent as Authorization: Bearer)",
+        )
 
 
 def run_sweep(sweep: Sweep) -> list[dict[str, object]]:

@@ -7,8 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
@@ -16,6 +15,9 @@ from ct200_tools import __version__
 from ct200_tools.cli.options import internal_error, spec_option
 from ct200_tools.spec import SpecError
 from ct200_tools.untrusted import UntrustedInputError, is_plain, show
+
+if TYPE_CHECKING:
+    from ct200_tools.bench.target import Auth
 
 EPILOG = """\b
 Examples:
@@ -75,16 +77,32 @@ def _csv(kind: type[int] | type[float], lo: float) -> Callable[..., tuple[float,
 
 
 def _target(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    from ct200_tools.bench.target import check_target  # noqa: PLC0415
+
     if value is None:
         return None
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+    try:
+        return check_target(value)
+    except ValueError as exc:
         raise click.BadParameter(
-            f"{show(value)} is not a server's base URL; write e.g. http://127.0.0.1:30000",
+            f"{exc}; write a server's base URL, e.g. http://127.0.0.1:30000", ctx, param
+        ) from None
+
+
+def _api_key_env(ctx: click.Context, param: click.Parameter, value: str | None) -> object:
+    from ct200_tools.bench.target import Auth  # noqa: PLC0415
+
+    if value is None:
+        return None
+    try:
+        return Auth.from_env(value)
+    except ValueError as exc:
+        raise click.BadParameter(
+            f"{exc}; export the server's API key in it first (e.g. read -rs {show(value, 60)}; "
+            f"export {show(value, 60)})",
             ctx,
             param,
-        )
-    return value.rstrip("/")
+        ) from None
 
 
 def _label(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -109,6 +127,13 @@ AD_HOC = ("concurrency", "request_rate", "input_tokens", "output_tokens", "reque
 @cli.command()
 @click.argument("plan_path", metavar="[PLAN]", required=False)
 @click.option("--target", callback=_target, help="The server's base URL (no switch, no gate).")
+@click.option(
+    "--api-key-env",
+    "auth",
+    metavar="VAR",
+    callback=_api_key_env,
+    help="Send the API key in environment variable VAR as Authorization: Bearer.",
+)
 @spec_option
 @click.option(
     "--force",
@@ -135,6 +160,7 @@ AD_HOC = ("concurrency", "request_rate", "input_tokens", "output_tokens", "reque
 def run(
     plan_path: str | None,
     target: str | None,
+    auth: Auth | None,
     spec_path: str | None,
     force: bool,
     out_dir: str,
@@ -208,7 +234,7 @@ def run(
         site, source = managed_run.load_site(spec_path)
         outcome = managed_run.run_managed(
             plan,
-            managed_run.Managed(site, source, force),
+            managed_run.Managed(site, source, force, auth=auth),
             out_dir,
             resume=resume,
             as_json=as_json,
@@ -227,6 +253,7 @@ def run(
             argv=argv,
             echo=click.echo,
             tty=tty,
+            auth=auth,
         )
     sys.exit(Exit.FAILED if outcome.failed_requests else Exit.OK)
 
@@ -296,6 +323,7 @@ def _fail(lines: Sequence[str], code: Exit) -> NoReturn:
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Console entry: every error becomes a message and an exit code, never a traceback."""
+    from ct200_tools.bench.http import NoAnswer  # noqa: PLC0415
     from ct200_tools.bench.managed import NotReady  # noqa: PLC0415
     from ct200_tools.bench.plan import PlanError  # noqa: PLC0415
     from ct200_tools.bench.results import StoreError  # noqa: PLC0415
@@ -320,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             ],
             Exit.NOT_READY,
         )
-    except (BenchError, UntrustedInputError) as exc:
+    except (BenchError, NoAnswer, UntrustedInputError) as exc:
         _fail([f"ct200-bench: {exc.message}", f"  fix: {exc.fix}"], Exit.BAD_INPUT)
     except StoreError as exc:
         _fail([f"ct200-bench: {exc.message}", f"  fix: {exc.fix}"], Exit.STORE)
