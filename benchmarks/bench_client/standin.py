@@ -14,7 +14,8 @@ adds llama-server's per-request `timings` (with draft counts) to the last chunk.
 --usage-tokens N reports N completion tokens whatever was streamed; --tokens-per-chunk K streams
 K tokens in each chunk (as a speculative server does); --redirect-to URL answers every request
 with HTTP 302 to URL, --redirect-completions URL only the completions; --api-key KEY answers
-HTTP 401 to a request without `Authorization: Bearer KEY`, as vLLM's --api-key does.
+HTTP 401 to a request without `Authorization: Bearer KEY`, as vLLM's --api-key does;
+--stall-tokenize never answers /tokenize.
 It prints "port N" once it listens.
 
     python benchmarks/bench_client/standin.py --port 0 --ttft 0.05 --itl 0.02
@@ -43,11 +44,13 @@ def _chunk(text: str, finish: str | None = None) -> bytes:
 
 
 def _guard(args: argparse.Namespace) -> list[Middleware]:
-    """The scripted redirects and the API key check, before any route."""
+    """The scripted redirects, stalls and the API key check, before any route."""
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         completion = request.path == "/v1/completions"
+        if args.stall_tokenize and request.path == "/tokenize":
+            await asyncio.sleep(args.lifetime)
         where = args.redirect_to or (args.redirect_completions if completion else None)
         if where:
             return web.Response(status=302, headers={"Location": where})
@@ -105,9 +108,8 @@ def app(args: argparse.Namespace) -> web.Application:
                 assert request.transport is not None
                 request.transport.abort()
                 return resp
-            k = min(per_chunk, max_tokens - i)
-            finish = "length" if i + k >= max_tokens else None
-            await resp.write(_chunk(" tok" * k, finish))
+            finish = "length" if i + per_chunk >= max_tokens else None
+            await resp.write(_chunk(" tok" * min(per_chunk, max_tokens - i), finish))
         timings = {}
         if args.timings:
             # llama-server's shape; a draft that proposed two tokens for each one kept.
@@ -172,6 +174,7 @@ def main() -> None:
     p.add_argument("--redirect-to", default="", help="answer every request with 302 to this")
     p.add_argument("--redirect-completions", default="", help="302 completions to this")
     p.add_argument("--api-key", default="", help="require Authorization: Bearer KEY")
+    p.add_argument("--stall-tokenize", action="store_true", help="never answer /tokenize")
     p.add_argument("--lifetime", type=float, default=600.0, help="exit after this many seconds")
     args = p.parse_args()
     try:

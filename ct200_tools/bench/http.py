@@ -129,7 +129,7 @@ async def _fetch(
                 raw = await _read_whole(resp, max_bytes)
     except TimeoutError:
         what = "no answer" if status is None else f"HTTP {status} but not the whole answer"
-        return status, b"", f"{what} within {timeout_s:g} s", True
+        return status, b"", f"{what} within {round(timeout_s, 2):g} s", True
     except aiohttp.ClientConnectorError as exc:
         return (
             None,
