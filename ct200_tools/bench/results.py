@@ -153,8 +153,9 @@ class Store:
             if stat.S_ISDIR(mode) if want_dir else stat.S_ISREG(mode):
                 continue
             wanted = "a directory" if want_dir else "a regular file"
+            kind = "a file" if stat.S_ISREG(mode) else file_kind(mode)
             raise StoreError(
-                f"cannot write results: {show(str(path))} is {file_kind(mode)}, not {wanted}",
+                f"cannot write results: {show(str(path))} is {kind}, not {wanted}",
                 "pass as --out a directory you can write (it is created if missing), whose "
                 f"{RESULTS} is a regular file ct200-bench wrote, or move that path away",
             )
