@@ -225,3 +225,17 @@ def test_bad_options_are_exit_2(tmp_path: Path, args: list[str], message: str) -
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_usage_that_contradicts_the_stream_is_a_failed_request_not_a_figure(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    with standin("--usage-tokens", "1000000000000") as url:
+        proc = bench("run", "--target", url, "--concurrency", "1", *ADHOC, "--out", str(out))
+    assert proc.returncode == 1, proc.stderr
+    (point,) = lines(out / "results.jsonl")
+    assert point["errors"] == {
+        "usage says 1000000000000 completion tokens, more than the 4 max_tokens asked": 4
+    }
+    assert point["requests_completed"] == 0 and not point["output_tokens_per_s"]
