@@ -25,7 +25,7 @@ from typing import Final
 
 import aiohttp
 
-from ct200_tools.bench.http import redirect_error
+from ct200_tools.bench.http import read_upto, redirect_error
 from ct200_tools.bench.metrics import RequestResult
 from ct200_tools.bench.target import Auth
 from ct200_tools.untrusted import show
@@ -179,7 +179,7 @@ async def one_request(
                 if 300 <= resp.status < 400:
                     raise StreamError(redirect_error(resp.status, resp.headers.get("Location")))
                 if resp.status != 200:
-                    body = await resp.content.read(MAX_ERROR_BODY)
+                    body = await read_upto(resp, MAX_ERROR_BODY)
                     raise StreamError(f"HTTP {resp.status}: {show(body, 200)}")
                 await _read_events(resp, stream)
         if not stream.done:

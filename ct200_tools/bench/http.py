@@ -83,13 +83,17 @@ def redirect_error(status: int, location: str | None) -> str:
     return f"HTTP {status} redirect to {where}: {REDIRECT_FIX}"
 
 
-def _limit(session: aiohttp.ClientSession, timeout_s: float, deadline: Deadline | None) -> float:
+def _limit(
+    session: aiohttp.ClientSession, timeout_s: float, deadline: Deadline | None
+) -> tuple[float, float]:
+    """(seconds this request may take, the bound to name in a message: the nominal one, so
+    requests sent together under one deadline say the same)."""
     limit = timeout_s
     if session.timeout.total is not None:
         limit = min(limit, session.timeout.total)
-    if deadline is not None:
-        limit = min(limit, deadline.left())
-    return limit
+    if deadline is None:
+        return limit, limit
+    return min(limit, deadline.left()), min(limit, deadline.total_s)
 
 
 async def _read_whole(resp: aiohttp.ClientResponse, max_bytes: int) -> bytes | None:
@@ -105,12 +109,22 @@ async def _read_whole(resp: aiohttp.ClientResponse, max_bytes: int) -> bytes | N
             return None
 
 
+async def read_upto(resp: aiohttp.ClientResponse, n: int) -> bytes:
+    """The first `n` bytes of the body (all of it when shorter), however it is segmented: for an
+    error's message, where the rest is not needed."""
+    raw = bytearray()
+    while len(raw) < n and (piece := await resp.content.read(n - len(raw))):
+        raw += piece
+    return bytes(raw)
+
+
 async def _fetch(
     session: aiohttp.ClientSession,
     method: str,
     url: str,
     body: dict[str, object] | None,
     timeout_s: float,
+    shown_s: float,
     max_bytes: int,
 ) -> tuple[int | None, bytes, str | None, bool]:
     """(status, body, error, broken) of one request read whole."""
@@ -125,11 +139,11 @@ async def _fetch(
                     return status, b"", redirect_error(status, resp.headers.get("Location")), True
                 length = resp.content_length
                 if length is not None and length > max_bytes:
-                    return status, b"", f"answer of {length} bytes, more than {max_bytes}", False
+                    return status, b"", f"answer longer than {max_bytes} bytes", False
                 raw = await _read_whole(resp, max_bytes)
     except TimeoutError:
         what = "no answer" if status is None else f"HTTP {status} but not the whole answer"
-        return status, b"", f"{what} within {round(timeout_s, 2):g} s", True
+        return status, b"", f"{what} within {round(shown_s, 2):g} s", True
     except aiohttp.ClientConnectorError as exc:
         return (
             None,
@@ -157,8 +171,8 @@ async def request_json(
     max_bytes: int = MAX_BYTES,
     deadline: Deadline | None = None,
 ) -> Answer:
-    limit = _limit(session, timeout_s, deadline)
-    status, raw, error, broken = await _fetch(session, method, url, body, limit, max_bytes)
+    limit, shown = _limit(session, timeout_s, deadline)
+    status, raw, error, broken = await _fetch(session, method, url, body, limit, shown, max_bytes)
     if error is not None:
         return Answer(url, status, error=error, broken=broken)
     try:
@@ -186,8 +200,8 @@ async def request_text(
     """GET a text page (Prometheus /metrics): (text, None), or (None, why not). Read whole, at
     most `max_bytes`; longer, cut short, not UTF-8 or not HTTP 200 is an error, never a partial
     page."""
-    limit = _limit(session, timeout_s, deadline)
-    status, raw, error, _ = await _fetch(session, "GET", url, None, limit, max_bytes)
+    limit, shown = _limit(session, timeout_s, deadline)
+    status, raw, error, _ = await _fetch(session, "GET", url, None, limit, shown, max_bytes)
     if error is not None:
         return None, error
     if status != 200:

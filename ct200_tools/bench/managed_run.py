@@ -234,7 +234,12 @@ def _run_server(
         extra=admission.point_fields,
         watches=(
             GpuWatch(sampler),
-            MetricsWatch(admission.target, admission.server.speculative is not None),
+            MetricsWatch(
+                admission.target,
+                admission.server.speculative is not None,
+                plan.timeout_s,
+                m.auth,
+            ),
         ),
         auth=m.auth,
     )

@@ -139,7 +139,7 @@ def run(
         done,
         label,
         on_point,
-        watches=(MetricsWatch(target, False),),
+        watches=(MetricsWatch(target, False, plan.timeout_s, auth),),
         auth=auth,
     )
     if tty:

@@ -93,16 +93,22 @@ def segmenting_proxy(upstream: str, segment: int, pause: float = 0.001) -> Itera
         await asyncio.gather(pump(client_r, up_w), pump_slowly(up_r, client_w))
         up_w.close()
 
+    stop: list[asyncio.Event] = []
+
     async def main() -> None:
+        stop.append(asyncio.Event())
         server = await asyncio.start_server(relay, "127.0.0.1", 0)
         address.append(server.sockets[0].getsockname()[1])
         started.set()
-        async with server:
-            await server.serve_forever()
+        await stop[0].wait()
+        server.close()
+        relays = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in relays:
+            task.cancel()
+        await asyncio.gather(*relays, return_exceptions=True)
 
     def serve() -> None:
-        with contextlib.suppress(asyncio.CancelledError):
-            loop.run_until_complete(main())
+        loop.run_until_complete(main())
         loop.close()
 
     thread = threading.Thread(target=serve, daemon=True)
@@ -111,8 +117,7 @@ def segmenting_proxy(upstream: str, segment: int, pause: float = 0.001) -> Itera
     try:
         yield f"http://127.0.0.1:{address[0]}"
     finally:
-        for task in asyncio.all_tasks(loop):
-            loop.call_soon_threadsafe(task.cancel)
+        loop.call_soon_threadsafe(stop[0].set)
         thread.join(10)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ct200_tools.bench import prompts
+from ct200_tools.bench import client, prompts
 from ct200_tools.bench.http import Answer, NoAnswer, new_session, request_json, request_text
 from tests.unit.bench_helpers import bench, segmenting_proxy, silent_port, standin
 
@@ -97,7 +97,7 @@ def ask(answer: bytes, close: bool = True, max_bytes: int = 1024) -> Answer:
             False,
             "HTTP 200 but not the whole answer within 2 s",
         ),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n", True, "more than 1024"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n", True, "longer than 1024 bytes"),
         (
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n800\r\n" + b" " * 2048,
             True,
@@ -203,3 +203,12 @@ def test_redirected_completions_fail_naming_the_location(tmp_path: Path) -> None
     )
     assert point["errors"] == {reason: 4} and point["requests_completed"] == 0
     assert "redirect to" in proc.stdout
+
+
+def test_an_error_body_in_small_segments_is_quoted_whole() -> None:
+    reqs = [client.Request("a b c", 4)]
+    with standin("--fail-every", "1") as url, segmenting_proxy(url, 7) as proxy:
+        results, _ = asyncio.run(client.run_point(proxy, "standin", reqs, client.Load(1), 30.0))
+    (r,) = results
+    assert not r.ok and r.error is not None
+    assert r.error.startswith("HTTP 500: ") and "scripted failure" in r.error, r.error
