@@ -153,7 +153,7 @@ async def _fetch(
         )
     except aiohttp.ClientPayloadError:
         return status, b"", "the answer was cut short (the connection closed before its end)", True
-    except (aiohttp.ClientError, OSError) as exc:
+    except (aiohttp.ClientError, OSError, ValueError) as exc:  # ValueError: a URL it refuses
         return status, b"", f"{type(exc).__name__}: {show(exc, 200)}", False
     if raw is None:
         return status, b"", f"answer longer than {max_bytes} bytes", False

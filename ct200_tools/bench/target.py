@@ -50,6 +50,9 @@ class Auth:
 _USERINFO = re.compile(r"(//)[^/?#]*@")
 _LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 MAX_URL: Final = 2048
+#: What urlsplit lets by and the URL library that sends refuses: "http://[::1]x", a port in
+#: fullwidth digits.
+_NETLOC = re.compile(r"(\[[^\[\]/]+\]|[^\[\]:/]+)(:[0-9]{0,5})?")
 
 
 class CredentialsInUrl(ValueError):
@@ -112,6 +115,8 @@ def check_target(value: str) -> str:
         raise ValueError(f"{shown} has a query or fragment: a base URL has neither")
     if not host:
         raise ValueError(f"{shown} names no host")
+    if not _NETLOC.fullmatch(parts.netloc):
+        raise ValueError(f"{shown} is not HOST, HOST:PORT or [IPv6]:PORT before its path")
     if port == 0:
         raise ValueError(f"{shown} has port 0: give the port the server listens on")
     bad_host = _host_error(host)

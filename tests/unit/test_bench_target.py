@@ -42,6 +42,8 @@ def plain(text: str) -> bool:
         ("ftp://host", "is not an http:// or https:// URL"),
         ("127.0.0.1:8000", "is not an http:// or https:// URL"),
         ("http://:8000", "names no host"),
+        ("http://[::1]x:8000", "is not HOST, HOST:PORT or [IPv6]:PORT"),
+        ("http://host:\uff18\uff10", "is not"),
         ("http://hôst:8000", "xn-- form"),
     ],
 )
