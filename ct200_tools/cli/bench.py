@@ -28,13 +28,17 @@ Examples:
       --input-tokens 128 --output-tokens 64 --requests 32 --out results/
   ct200-bench run plan.yml --target http://127.0.0.1:30000 --out results/ --json
   ct200-bench run plan.yml --target http://127.0.0.1:30000 --out results/ --resume
+  ct200-bench run plan.yml --target https://gpu-1:8000 --api-key-env VLLM_API_KEY --out r/
+      the server's --api-key, sent as Authorization: Bearer (never printed nor stored)
   ct200-bench report results/ --out report/
   ct200-bench compare old-results/ new-results/
 
 \b
 Exit codes: 0 done, every request answered; 1 done, some requests failed or timed out (each
-point says how many and why); 2 bad input, refused before any request; 3 the tool itself broke;
-4 the results could not be written (the points written before are whole; --resume continues);
+point says how many and why); 2 bad input, or a target that does not answer, redirects or wants
+an API key, refused before any request; 3 the tool itself broke; 4 the results could not be
+written (also: --out no directory, results.jsonl no regular file; the points written before are
+whole; --resume continues);
 5 a serving set is not benchmark-ready (its switch failed, or the doctor's check of it failed
 and no --force): the doctor's root cause and fix are printed, the sets before it are kept.
 """
@@ -150,7 +154,12 @@ AD_HOC = ("concurrency", "request_rate", "input_tokens", "output_tokens", "reque
 @click.option("--requests", type=click.IntRange(1, 1_000_000), help="Ad hoc: requests a point.")
 @click.option("--repetitions", type=click.IntRange(1, 100), help="Each point this many times.")
 @click.option("--warmup", type=click.IntRange(0, 10_000), help="Uncounted requests first.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), help="Per request, s.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0.1),
+    help="Per request, s (an info request: at most 10 s).",
+)
 @click.option("--model", help="The model name to ask for [default: the first of /v1/models].")
 @click.option(
     "--label", default="target", show_default=True, callback=_label, help="Name of the serving set."
