@@ -20,7 +20,7 @@ from typing import Final
 import aiohttp
 
 from ct200_tools import __version__
-from ct200_tools.bench.http import Answer, Deadline, request_json
+from ct200_tools.bench.http import INFO_TIMEOUT_S, Answer, Deadline, request_json
 from ct200_tools.untrusted import show
 
 #: Each engine's self-description; which of them answer tells the engine apart.
@@ -59,6 +59,44 @@ async def engine_info(
     }
     out["engine"] = guess_engine(out)
     return out
+
+
+def refusal(target: str, info: dict[str, object], key_env: str | None) -> tuple[str, str] | None:
+    """(what, fix) when the target cannot be measured: it gave no HTTP answer at all, redirects
+    its API, or wants an API key (`key_env`: the variable of the one it refused); else None."""
+    entries = {
+        path: entry
+        for name, path in ENGINE_ENDPOINTS.items()
+        if isinstance(entry := info.get(name), dict)
+    }
+    if all(e.get("status") is None for e in entries.values()):
+        errors = {str(e.get("error")) for e in entries.values()}
+        said = (
+            f"GET {', '.join(entries)}: {errors.pop()}"
+            if len(errors) == 1
+            else "; ".join(f"GET {p}: {e.get('error')}" for p, e in entries.items())
+        )
+        return (
+            f"{show(target)} did not answer: {said}",
+            "check that the server runs and listens at --target (host, port, http or https), "
+            f"or give a slow server more time with --timeout (at most {INFO_TIMEOUT_S:g} s an "
+            "info request)",
+        )
+    models = entries.get("/v1/models", {})
+    status = models.get("status")
+    if isinstance(status, int) and 300 <= status < 400:
+        return (
+            f"GET {show(target)}/v1/models: {models.get('error')}",
+            "give as --target the server's own base URL (the one that answers /v1/models)",
+        )
+    if status in (401, 403):
+        return (
+            f"GET {show(target)}/v1/models: HTTP {status}, the server wants an API key"
+            + (f" and refused the one in {key_env}" if key_env is not None else ""),
+            "put the server's key in an environment variable and pass --api-key-env VARIABLE "
+            "(sent as Authorization: Bearer)",
+        )
+    return None
 
 
 def _data(info: dict[str, object], name: str) -> dict[str, object] | None:

@@ -190,7 +190,9 @@ async def resolve_model(
     limit = min(timeout_s, INFO_TIMEOUT_S)
     async with new_session(limit, auth) as session:
         info = await provenance.engine_info(session, target, Deadline.after(limit))
-    _check_answered(target, info, auth)
+    refused = provenance.refusal(target, info, auth.env if auth is not None else None)
+    if refused is not None:
+        raise BenchError(*refused)
     if wanted is not None:
         return wanted, info
     served = provenance.served_models(info)
@@ -202,42 +204,6 @@ async def resolve_model(
         f"GET {show(target)}/v1/models named no model ({why or 'an empty list'})",
         "check that the server runs and answers at --target, or pass --model NAME",
     )
-
-
-def _check_answered(target: str, info: dict[str, object], auth: Auth | None) -> None:
-    """Refuse a target that gave no HTTP answer at all, redirects its API or wants a key."""
-    entries = {
-        path: entry
-        for name, path in provenance.ENGINE_ENDPOINTS.items()
-        if isinstance(entry := info.get(name), dict)
-    }
-    if all(e.get("status") is None for e in entries.values()):
-        errors = {str(e.get("error")) for e in entries.values()}
-        said = (
-            f"GET {', '.join(entries)}: {errors.pop()}"
-            if len(errors) == 1
-            else "; ".join(f"GET {p}: {e.get('error')}" for p, e in entries.items())
-        )
-        raise BenchError(
-            f"{show(target)} did not answer: {said}",
-            "check that the server runs and listens at --target (host, port, http or https), "
-            "or give a slow server more time with --timeout (at most "
-            f"{INFO_TIMEOUT_S:g} s an info request)",
-        )
-    models = entries.get("/v1/models", {})
-    status = models.get("status")
-    if isinstance(status, int) and 300 <= status < 400:
-        raise BenchError(
-            f"GET {show(target)}/v1/models: {models.get('error')}",
-            "give as --target the server's own base URL (the one that answers /v1/models)",
-        )
-    if status in (401, 403):
-        raise BenchError(
-            f"GET {show(target)}/v1/models: HTTP {status}, the server wants an API key"
-            + (f" and refused the one in {auth.env}" if auth is not None else ""),
-            "put the server's key in an environment variable and pass --api-key-env VARIABLE "
-            "(sent as Authorization: Bearer)",
-        )
 
 
 def run_sweep(sweep: Sweep) -> list[dict[str, object]]:
