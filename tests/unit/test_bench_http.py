@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from ct200_tools.bench import client, prompts
-from ct200_tools.bench.http import Answer, NoAnswer, new_session, request_json, request_text
+from ct200_tools.bench.http import (
+    Answer,
+    NoAnswer,
+    bounded,
+    new_session,
+    request_json,
+    request_text,
+)
 from tests.unit.bench_helpers import bench, segmenting_proxy, silent_port, standin
 
 pytestmark = pytest.mark.timeout(180)
@@ -212,3 +219,8 @@ def test_an_error_body_in_small_segments_is_quoted_whole() -> None:
     (r,) = results
     assert not r.ok and r.error is not None
     assert r.error.startswith("HTTP 500: ") and "scripted failure" in r.error, r.error
+
+
+def test_a_preparation_past_its_bound_is_no_answer_naming_it() -> None:
+    with pytest.raises(NoAnswer, match=r"the /tokenize search did not finish within 0\.05 s"):
+        asyncio.run(bounded(asyncio.sleep(30), 0.05, "the /tokenize search"))
