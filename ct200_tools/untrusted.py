@@ -107,12 +107,12 @@ def read_bounded(path: str | os.PathLike[str], what: str, max_bytes: int, fix: s
         with contextlib.suppress(OSError):
             mode = os.stat(path).st_mode
             if not stat.S_ISREG(mode):
-                raise refuse(f"is {_kind(mode)}, not a regular file", "not-regular") from None
+                raise refuse(f"is {file_kind(mode)}, not a regular file", "not-regular") from None
         raise refuse(f"cannot be opened: {show(exc.strerror or exc)}", "unreadable") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise refuse(f"is {_kind(st.st_mode)}, not a regular file", "not-regular")
+            raise refuse(f"is {file_kind(st.st_mode)}, not a regular file", "not-regular")
         if st.st_size > max_bytes:
             raise refuse(f"is {st.st_size} bytes, more than the {max_bytes} it may be", "too-large")
         os.set_blocking(fd, True)
@@ -134,7 +134,7 @@ def read_bounded(path: str | os.PathLike[str], what: str, max_bytes: int, fix: s
         os.close(fd)
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
     if stat.S_ISDIR(mode):
         return "a directory"
     if stat.S_ISFIFO(mode):

@@ -19,6 +19,11 @@ adds llama-server's per-request `timings` (with draft counts) to the last chunk.
 lists the model in /v1/models with llama-server's `meta` (N parameters, 2N bytes: a model's
 size, for the report's pooling). --max-streams N serves N completions at a time and queues the
 rest (an engine whose throughput saturates at N streams: the sweep's knee).
+--usage-tokens N reports N completion tokens whatever was streamed; --tokens-per-chunk K streams
+K tokens in each chunk (as a speculative server does); --redirect-to URL answers every request
+with HTTP 302 to URL, --redirect-completions URL only the completions; --api-key KEY answers
+HTTP 401 to a request without `Authorization: Bearer KEY`, as vLLM's --api-key does;
+--stall-tokenize never answers /tokenize.
 It prints "port N" once it listens.
 
     python benchmarks/bench_client/standin.py --port 0 --ttft 0.05 --itl 0.02
@@ -56,10 +61,12 @@ def _delta(delta: dict[str, str], finish: str | None = None) -> bytes:
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
-def _token(chat: bool, reasoning: bool, finish: str | None) -> bytes:
+def _token(chat: bool, reasoning: bool, finish: str | None, n: int = 1) -> bytes:
+    """A chunk of `n` tokens (several: as a speculative server streams)."""
     if not chat:
-        return _chunk(" tok", finish)
-    return _delta({"reasoning_content": " think"} if reasoning else {"content": " tok"}, finish)
+        return _chunk(" tok" * n, finish)
+    delta = {"reasoning_content": " think" * n} if reasoning else {"content": " tok" * n}
+    return _delta(delta, finish)
 
 
 def _words(body: dict[str, object]) -> list[str]:
@@ -109,6 +116,24 @@ def _stream_limit(most: int) -> Middleware:
     return limit
 
 
+def _guard(args: argparse.Namespace) -> list[Middleware]:
+    """The scripted redirects, stalls and the API key check, before any route."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        completion = request.path.endswith("/completions")
+        if args.stall_tokenize and request.path == "/tokenize":
+            await asyncio.sleep(args.lifetime)
+        where = args.redirect_to or (args.redirect_completions if completion else None)
+        if where:
+            return web.Response(status=302, headers={"Location": where})
+        if args.api_key and request.headers.get("Authorization") != f"Bearer {args.api_key}":
+            return web.json_response({"error": "invalid api key"}, status=401)
+        return await handler(request)
+
+    return [guard]
+
+
 def app(args: argparse.Namespace) -> web.Application:  # noqa: PLR0915 - one server
     count = 0
     cache = PrefixCache()
@@ -154,17 +179,19 @@ def app(args: argparse.Namespace) -> web.Application:  # noqa: PLR0915 - one ser
         await resp.prepare(request)
         if chat:
             await resp.write(_delta({"role": "assistant", "content": ""}))
-        for i in range(max_tokens):
+        per_chunk = max(1, args.tokens_per_chunk)
+        for i in range(0, max_tokens, per_chunk):
             delay = args.ttft if i == 0 else args.itl
             if delay:
                 await asyncio.sleep(delay)
-            if args.close_every and n % args.close_every == 0 and i == 2:
+            if args.close_every and n % args.close_every == 0 and i >= 2:
                 # Drop the connection mid-stream: the chunked body never ends.
                 assert request.transport is not None
                 request.transport.abort()
                 return resp
-            finish = "length" if i == max_tokens - 1 else None
-            await resp.write(_token(chat, i < args.reasoning, finish))
+            finish = "length" if i + per_chunk >= max_tokens else None
+            n_tokens = min(per_chunk, max_tokens - i)
+            await resp.write(_token(chat, i < args.reasoning, finish, n_tokens))
         timings = {}
         if args.timings:
             # llama-server's shape; a draft that proposed two tokens for each one kept.
@@ -178,11 +205,12 @@ def app(args: argparse.Namespace) -> web.Application:  # noqa: PLR0915 - one ser
                     "draft_n_accepted": max_tokens,
                 }
             }
+        completion = max_tokens if args.usage_tokens is None else args.usage_tokens
         if not args.no_usage:
             usage = {
                 "prompt_tokens": prompt_tokens,
-                "completion_tokens": max_tokens,
-                "total_tokens": prompt_tokens + max_tokens,
+                "completion_tokens": completion,
+                "total_tokens": prompt_tokens + completion,
                 "prompt_tokens_details": {"cached_tokens": cached},
             }
             tail = {"id": "cmpl-standin", "choices": [], "usage": usage, **timings}
@@ -191,7 +219,7 @@ def app(args: argparse.Namespace) -> web.Application:  # noqa: PLR0915 - one ser
         await resp.write_eof()
         return resp
 
-    application = web.Application(middlewares=[_stream_limit(args.max_streams)])
+    application = web.Application(middlewares=[*_guard(args), _stream_limit(args.max_streams)])
     application.router.add_get("/v1/models", models)
     application.router.add_get("/props", props)
     application.router.add_post("/tokenize", tokenize)
@@ -228,6 +256,12 @@ def main() -> None:
     p.add_argument("--reasoning", type=int, default=0, help="chat: first N tokens as reasoning")
     p.add_argument("--model-meta", type=int, default=0, help="/v1/models meta: N parameters")
     p.add_argument("--max-streams", type=int, default=0, help="answer N completions at once")
+    p.add_argument("--usage-tokens", type=int, default=None, help="completion_tokens to report")
+    p.add_argument("--tokens-per-chunk", type=int, default=1, help="tokens in each chunk")
+    p.add_argument("--redirect-to", default="", help="answer every request with 302 to this")
+    p.add_argument("--redirect-completions", default="", help="302 completions to this")
+    p.add_argument("--api-key", default="", help="require Authorization: Bearer KEY")
+    p.add_argument("--stall-tokenize", action="store_true", help="never answer /tokenize")
     p.add_argument("--lifetime", type=float, default=600.0, help="exit after this many seconds")
     args = p.parse_args()
     try:

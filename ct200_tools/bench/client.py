@@ -9,6 +9,10 @@ reason, never an exception out of the sweep. A request fails unless it got HTTP 
 chunk with text, and the closing `data: [DONE]`: a server that dies or closes mid-stream is an
 error, counted, and the sweep goes on. A chat answer's first chunk that carries only the role is
 no token; reasoning text (`reasoning_content`, vLLM's newer `reasoning`) is output and counts.
+A redirect is never followed (the answer would be another server's, recorded as the target's):
+it fails the request, naming its Location. Usage that contradicts the stream (fewer completion
+tokens than text chunks, more than max_tokens, none after text) fails the request too: it is no
+figure to turn into tok/s.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from typing import Final
 
 import aiohttp
 
+from ct200_tools.bench.http import read_upto, redirect_error
 from ct200_tools.bench.metrics import RequestResult
+from ct200_tools.bench.target import Auth
 from ct200_tools.untrusted import show
 
 #: The longest SSE line accepted: a token chunk is a few hundred bytes; 1 MiB is no chunk.
@@ -185,6 +191,22 @@ class _Stream:
             self.result.engine_timings = timings
 
 
+def usage_contradiction(result: RequestResult, max_tokens: int) -> str | None:
+    """Why the server's completion_tokens cannot be true of what it streamed, or None. A chunk
+    carries at least one token and may carry several (speculative decoding), so more tokens than
+    chunks is fine, fewer is not; more than max_tokens was not asked for."""
+    n, chunks = result.output_tokens, result.chunks
+    if n is None:
+        return None
+    if n == 0:
+        return f"usage says 0 completion tokens after {chunks} text chunk(s)"
+    if n < chunks:
+        return f"usage says {n} completion tokens, fewer than the {chunks} text chunks streamed"
+    if n > max_tokens:
+        return f"usage says {n} completion tokens, more than the {max_tokens} max_tokens asked"
+    return None
+
+
 async def one_request(
     session: aiohttp.ClientSession, url: str, model: str, req: Request, timeout_s: float
 ) -> RequestResult:
@@ -193,15 +215,20 @@ async def one_request(
     stream = _Stream(result, sent)
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.post(url, json=payload(model, req)) as resp:
+            async with session.post(url, json=payload(model, req), allow_redirects=False) as resp:
+                if 300 <= resp.status < 400:
+                    raise StreamError(redirect_error(resp.status, resp.headers.get("Location")))
                 if resp.status != 200:
-                    body = await resp.content.read(MAX_ERROR_BODY)
+                    body = await read_upto(resp, MAX_ERROR_BODY)
                     raise StreamError(f"HTTP {resp.status}: {show(body, 200)}")
                 await _read_events(resp, stream)
         if not stream.done:
             raise StreamError("the stream ended without data: [DONE] (server closed it)")
         if result.chunks == 0:
             raise StreamError("no token streamed")
+        contradiction = usage_contradiction(result, req.max_tokens)
+        if contradiction is not None:
+            raise StreamError(contradiction)
         result.ok = True
     except TimeoutError:
         result.timed_out = True
@@ -252,6 +279,7 @@ async def run_point(
     load: Load,
     timeout_s: float,
     progress: Progress | None = None,
+    auth: Auth | None = None,
 ) -> tuple[list[RequestResult], float]:
     """Send every request; return their results in order and the point's wall duration. With
     `load.max_seconds`, none is sent after that many seconds (those in flight finish): only
@@ -268,7 +296,10 @@ async def run_point(
     # Per-request bounds are ours (asyncio.timeout); aiohttp's own would cut long sweeps.
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(timeout_s, 30.0))
     async with aiohttp.ClientSession(
-        connector=connector, timeout=timeout, auto_decompress=False
+        connector=connector,
+        timeout=timeout,
+        auto_decompress=False,
+        headers=auth.headers() if auth is not None else None,
     ) as session:
         gate = asyncio.Semaphore(limit)
 

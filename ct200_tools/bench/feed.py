@@ -15,11 +15,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-import aiohttp
-
 from ct200_tools.bench import client, datasets, prompts
+from ct200_tools.bench.http import INFO_TIMEOUT_S, new_session
 from ct200_tools.bench.metrics import CHAT_TEMPLATE_SLACK, cache_slack, spread
 from ct200_tools.bench.plan import PlanError
+from ct200_tools.bench.target import Auth
 from ct200_tools.bench.workload import FROM_DATASET, MAX_TOKENS, Span, Workload
 from ct200_tools.spec.model import SpecIssue
 
@@ -51,6 +51,10 @@ class Feed:
     #: "" on a fresh run; a resumed run's points draw other prompts than the killed run may have
     #: sent for them ("resumed-after-N": the points recorded before).
     attempt: str = ""
+    #: Each /tokenize request's bound (the run's --timeout, at most http.INFO_TIMEOUT_S).
+    timeout_s: float = INFO_TIMEOUT_S
+    #: The API key sent with every request (--api-key-env), if any.
+    auth: Auth | None = None
     _makers: dict[str, prompts.Maker] = field(default_factory=dict)
     _prefixes: dict[str, prompts.Prompt] = field(default_factory=dict)
     #: Requests of each dataset workload taken by the points before (dataset offsets).
@@ -68,9 +72,7 @@ class Feed:
         total = self.warmup + w.requests
         maker = self._makers.setdefault(w.name, prompts.Maker(None, self.target, self.model))
         before = maker.calls
-        async with aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=10.0), auto_decompress=False
-        ) as session:
+        async with new_session(self.timeout_s, self.auth) as session:
             maker.rebind(session)
             if w.prompts is not None:
                 reqs, record = await self._from_dataset(w, maker, total, seed)

@@ -24,6 +24,7 @@ from ct200_tools.bench.session import (
     repair_tail,
     resume_run,
 )
+from ct200_tools.bench.target import Auth
 from ct200_tools.bench.watch import GpuWatch, MetricsWatch
 from ct200_tools.facts import to_jsonable
 from ct200_tools.serve import engines, serving
@@ -48,6 +49,8 @@ class Managed:
     checker: managed.Checker | None = None
     nvml: object = None
     unit_dir: str = managed.UNIT_DIR
+    #: The API key of --api-key-env, sent to every server measured.
+    auth: Auth | None = None
 
 
 def load_site(spec_path: str | None) -> tuple[SiteSpec, str]:
@@ -129,6 +132,7 @@ def _managed_start(
     prov.update(
         mode="managed",
         gated=True,
+        api_key_env=m.auth.env if m.auth is not None else None,
         plan=plan.as_dict(),
         serving_set=MANAGED,
         force=m.force,
@@ -193,7 +197,7 @@ def _run_server(
     """One admitted server's points, recorded under `label`; how many recorded."""
     name = admission.name
     wanted = plan.model or engines.served_name(admission.server)
-    model, info = asyncio.run(resolve_model(admission.target, wanted))
+    model, info = asyncio.run(resolve_model(admission.target, wanted, plan.timeout_s, m.auth))
     sampler = telemetry.Telemetry(admission.server.gpus, m.nvml)
     entry = admission.record()
     entry.update(
@@ -232,8 +236,14 @@ def _run_server(
         extra={**admission.point_fields, "identity": entry["identity"]},
         watches=(
             GpuWatch(sampler),
-            MetricsWatch(admission.target, admission.server.speculative is not None),
+            MetricsWatch(
+                admission.target,
+                admission.server.speculative is not None,
+                plan.timeout_s,
+                m.auth,
+            ),
         ),
+        auth=m.auth,
     )
     if printer.tty:
         sweep.progress = progress_line(echo)
@@ -257,6 +267,7 @@ def run_managed(
     """Each serving set in turn: switch, the doctor's check (or --force), then its points."""
     check_sets(plan, m.site)
     store = Store(out_dir)
+    store.check()
     run_id, prov, done = _managed_start(store, plan, m, resume, out_dir, argv)
     repair_tail(store, echo)
     if not as_json:

@@ -24,7 +24,8 @@ from typing import Final, Literal
 
 import aiohttp
 
-from ct200_tools.bench.http import request_json
+from ct200_tools.bench.http import NoAnswer, request_json
+from ct200_tools.untrusted import show
 
 # Short, common words: each is one token, with its leading space, in the usual BPE vocabularies.
 _WORD_TEXT: Final = (
@@ -97,10 +98,17 @@ def _count(data: object) -> int | None:
 async def tokenize(
     session: aiohttp.ClientSession, base_url: str, model: str, text: str
 ) -> int | None:
-    """The server's token count of `text`, or None when it has no usable /tokenize."""
+    """The server's token count of `text`, or None when it has no usable /tokenize. NoAnswer
+    when it took the request but gave no whole answer in the session's time (timed out, cut
+    short, redirected): falling back to a guessed length then would be silent and wrong."""
     # vLLM and SGLang read "prompt", llama-server "content"; each ignores the other.
     body: dict[str, object] = {"model": model, "prompt": text, "content": text}
     answer = await request_json(session, "POST", base_url.rstrip("/") + "/tokenize", body)
+    if answer.broken:
+        raise NoAnswer(
+            f"POST {show(answer.url)}: {answer.error}",
+            "check that the server answers at --target directly (no redirect) and in time",
+        )
     return _count(answer.data) if answer.ok else None
 
 

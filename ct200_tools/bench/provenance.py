@@ -1,13 +1,15 @@
 """What can be known of a run: the command, this tool, this host, the times, and the engine.
 
 The engine is asked what it is through the endpoints each one has: GET /v1/models (all), /version
-(vLLM), /get_server_info (SGLang), /props (llama-server). Every answer is untrusted: bounded
+(vLLM), /get_server_info (SGLang), /props (llama-server), all four at once within one deadline (a
+silent server costs one timeout, not four). Every answer is untrusted: read whole and bounded
 (ct200_tools.bench.http), stored exactly as JSON (a machine reader loses nothing) and shown only
 through untrusted.show. A missing endpoint is recorded with its error, never guessed around.
 """
 
 from __future__ import annotations
 
+import asyncio
 import platform
 import socket
 import sys
@@ -18,7 +20,7 @@ from typing import Final
 import aiohttp
 
 from ct200_tools import __version__
-from ct200_tools.bench.http import Answer, request_json
+from ct200_tools.bench.http import INFO_TIMEOUT_S, Answer, Deadline, request_json
 from ct200_tools.untrusted import show
 
 #: Each engine's self-description; which of them answer tells the engine apart.
@@ -40,13 +42,61 @@ def _answer(a: Answer) -> dict[str, object]:
     return {"url": a.url, "status": a.status, "data": a.data, "error": a.error}
 
 
-async def engine_info(session: aiohttp.ClientSession, base_url: str) -> dict[str, object]:
+async def engine_info(
+    session: aiohttp.ClientSession, base_url: str, deadline: Deadline | None = None
+) -> dict[str, object]:
+    """Every endpoint's answer by name, and `engine`; each request is bounded by the session's
+    timeout and `deadline`."""
     base = base_url.rstrip("/")
-    out: dict[str, object] = {}
-    for name, path in ENGINE_ENDPOINTS.items():
-        out[name] = _answer(await request_json(session, "GET", base + path, max_bytes=MAX_ANSWER))
+    answers = await asyncio.gather(
+        *(
+            request_json(session, "GET", base + path, max_bytes=MAX_ANSWER, deadline=deadline)
+            for path in ENGINE_ENDPOINTS.values()
+        )
+    )
+    out: dict[str, object] = {
+        name: _answer(a) for name, a in zip(ENGINE_ENDPOINTS, answers, strict=True)
+    }
     out["engine"] = guess_engine(out)
     return out
+
+
+def refusal(target: str, info: dict[str, object], key_env: str | None) -> tuple[str, str] | None:
+    """(what, fix) when the target cannot be measured: it gave no HTTP answer at all, redirects
+    its API, or wants an API key (`key_env`: the variable of the one it refused); else None."""
+    entries = {
+        path: entry
+        for name, path in ENGINE_ENDPOINTS.items()
+        if isinstance(entry := info.get(name), dict)
+    }
+    if all(e.get("status") is None for e in entries.values()):
+        errors = {str(e.get("error")) for e in entries.values()}
+        said = (
+            f"GET {', '.join(entries)}: {errors.pop()}"
+            if len(errors) == 1
+            else "; ".join(f"GET {p}: {e.get('error')}" for p, e in entries.items())
+        )
+        return (
+            f"{show(target)} did not answer: {said}",
+            "check that the server runs and listens at --target (host, port, http or https), "
+            f"or give a slow server more time with --timeout (at most {INFO_TIMEOUT_S:g} s an "
+            "info request)",
+        )
+    models = entries.get("/v1/models", {})
+    status = models.get("status")
+    if isinstance(status, int) and 300 <= status < 400:
+        return (
+            f"GET {show(target)}/v1/models: {models.get('error')}",
+            "give as --target the server's own base URL (the one that answers /v1/models)",
+        )
+    if status in (401, 403):
+        return (
+            f"GET {show(target)}/v1/models: HTTP {status}, the server wants an API key"
+            + (f" and refused the one in {key_env}" if key_env is not None else ""),
+            "put the server's key in an environment variable and pass --api-key-env VARIABLE "
+            "(sent as Authorization: Bearer)",
+        )
+    return None
 
 
 def _data(info: dict[str, object], name: str) -> dict[str, object] | None:

@@ -9,7 +9,10 @@ run killed mid-way keeps every finished point and loses only the point in flight
 fails (ENOSPC, EIO) is undone by truncating the file back to its length before, so a full disk
 leaves no half line; a line torn by a crash of the machine itself (no newline at the end) is
 ignored by readers and reported. provenance.json is written beside and renamed (fsutil), so it is
-always whole.
+always whole. An --out that is not a directory, or a results file that is not a regular file (a
+FIFO, a device, a directory; symlinks are followed to what they name), is refused before any
+request (`Store.check`), and the file is opened without blocking and judged on the open
+descriptor, so a FIFO swapped in later cannot hang the run either.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import errno
 import json
 import os
 import secrets
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,7 +30,7 @@ from pathlib import Path
 from typing import Final
 
 from ct200_tools.fsutil import fsync_dir, write_atomic
-from ct200_tools.untrusted import UntrustedInputError, load_json, read_bounded, show
+from ct200_tools.untrusted import UntrustedInputError, file_kind, load_json, read_bounded, show
 
 RESULTS: Final = "results.jsonl"
 RUNS: Final = "runs"
@@ -52,7 +56,7 @@ def new_run_id() -> str:
 def append_line(path: Path, record: dict[str, object]) -> None:
     """Append one JSON line durably, or leave the file exactly as it was."""
     data = (json.dumps(record, sort_keys=True, allow_nan=False) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = _open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         before = os.fstat(fd).st_size
         try:
@@ -67,6 +71,34 @@ def append_line(path: Path, record: dict[str, object]) -> None:
             raise
     finally:
         os.close(fd)
+
+
+class NotRegular(OSError):
+    """The path is there but is no regular file (a FIFO, a device, a directory)."""
+
+
+def _not_regular(path: Path, mode: int) -> str:
+    return f"{show(str(path))} is {file_kind(mode)}, not a regular file"
+
+
+def _open_regular(path: Path, flags: int) -> int:
+    """A descriptor of the regular file `path`, opened without blocking (a FIFO opens at once
+    or fails instead of waiting for a reader) and judged by fstat on that descriptor."""
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:  # a FIFO without a reader, a socket
+            raise
+        raise NotRegular(errno.ENXIO, _not_regular(path, os.stat(path).st_mode)) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegular(errno.EINVAL, _not_regular(path, mode))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 @dataclass
@@ -108,6 +140,26 @@ class Store:
         self.root = Path(root)
         self.results = self.root / RESULTS
 
+    def check(self) -> None:
+        """Refuse, before any request, an --out that is no directory and a results file or runs
+        directory of the wrong kind: a FIFO would hang the first write, a device eat it."""
+        for path, want_dir in ((self.root, True), (self.root / RUNS, True), (self.results, False)):
+            try:
+                mode = os.stat(path).st_mode
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise self._error(exc, show(str(path))) from None
+            if stat.S_ISDIR(mode) if want_dir else stat.S_ISREG(mode):
+                continue
+            wanted = "a directory" if want_dir else "a regular file"
+            kind = "a file" if stat.S_ISREG(mode) else file_kind(mode)
+            raise StoreError(
+                f"cannot write results: {show(str(path))} is {kind}, not {wanted}",
+                "pass as --out a directory you can write (it is created if missing), whose "
+                f"{RESULTS} is a regular file ct200-bench wrote, or move that path away",
+            )
+
     def run_dir(self, run_id: str) -> Path:
         return self.root / RUNS / run_id
 
@@ -130,7 +182,7 @@ class Store:
         """Cut a torn last line (a crash of the machine mid-write) so the next point starts a
         line of its own; returns the bytes cut (0 when the file ends with a newline)."""
         try:
-            fd = os.open(self.results, os.O_RDWR | os.O_CLOEXEC)
+            fd = _open_regular(self.results, os.O_RDWR)
         except FileNotFoundError:
             return 0
         except OSError as exc:

@@ -16,11 +16,13 @@ from typing import Final
 
 from ct200_tools.bench import client, knee, provenance
 from ct200_tools.bench.feed import Feed, Prepared
-from ct200_tools.bench.http import new_session
+from ct200_tools.bench.http import INFO_TIMEOUT_S, PREPARE_S, Deadline, bounded, new_session
 from ct200_tools.bench.metrics import summarize, workload_figures
 from ct200_tools.bench.plan import Plan, Workload
 from ct200_tools.bench.results import Store
+from ct200_tools.bench.target import Auth
 from ct200_tools.bench.watch import Watch
+from ct200_tools.untrusted import show
 
 #: The schema of a point (results.jsonl lines and --json output), docs/bench.md.
 POINT_SCHEMA: Final = 1
@@ -99,10 +101,17 @@ class Sweep:
     extra: dict[str, object] = field(default_factory=dict)
     #: Read before and after each point's counted requests (GPU telemetry, /metrics).
     watches: tuple[Watch, ...] = ()
+    #: The API key sent with every request (--api-key-env), if any.
+    auth: Auth | None = None
 
     async def _requests(self, p: Point, feed: Feed) -> Prepared:
-        """The point's warm-up plus counted requests, fresh for this point and run."""
-        return await feed.point(p.workload, p.key)
+        """The point's warm-up plus counted requests, fresh for this point and run; the
+        /tokenize search for them bounded in all (PREPARE_S)."""
+        return await bounded(
+            feed.point(p.workload, p.key),
+            PREPARE_S,
+            f"the /tokenize search for the prompts of {show(p.key, 120)}",
+        )
 
     def _progress(self, p: Point) -> client.Progress | None:
         report = self.progress
@@ -112,7 +121,16 @@ class Sweep:
 
     async def run(self) -> list[dict[str, object]]:
         attempt = f"/resumed-after-{len(self.done)}" if self.done else ""
-        feed = Feed(self.target, self.model, self.run_id, self.plan.seed, self.plan.warmup, attempt)
+        feed = Feed(
+            self.target,
+            self.model,
+            self.run_id,
+            self.plan.seed,
+            self.plan.warmup,
+            attempt,
+            timeout_s=min(self.plan.timeout_s, INFO_TIMEOUT_S),
+            auth=self.auth,
+        )
         records = []
         plan = self.plan
         tracker = knee.Tracker(plan.stop, plan.repetitions, plan.concurrency)
@@ -139,12 +157,18 @@ class Sweep:
             warm_failed = 0
             if warm:
                 warm_results, _ = await client.run_point(
-                    self.target, self.model, warm, load, self.plan.timeout_s
+                    self.target, self.model, warm, load, self.plan.timeout_s, auth=self.auth
                 )
                 warm_failed = sum(1 for r in warm_results if not r.ok)
             states = [await w.before() for w in self.watches]
             results, duration = await client.run_point(
-                self.target, self.model, counted, load, self.plan.timeout_s, self._progress(p)
+                self.target,
+                self.model,
+                counted,
+                load,
+                self.plan.timeout_s,
+                self._progress(p),
+                auth=self.auth,
             )
             watched = {}
             for w, state in zip(self.watches, states, strict=True):
@@ -187,11 +211,18 @@ class Sweep:
         return records
 
 
-async def resolve_model(target: str, wanted: str | None) -> tuple[str, dict[str, object]]:
-    """The model to ask for and the engine's self-description; BenchError when neither the plan
-    nor the server names a model."""
-    async with new_session() as session:
-        info = await provenance.engine_info(session, target)
+async def resolve_model(
+    target: str, wanted: str | None, timeout_s: float = INFO_TIMEOUT_S, auth: Auth | None = None
+) -> tuple[str, dict[str, object]]:
+    """The model to ask for and the engine's self-description. BenchError when the target does
+    not answer at all, redirects, wants an API key, or names no model where the plan names none.
+    Its four requests go out at once, each bounded by min(timeout_s, INFO_TIMEOUT_S)."""
+    limit = min(timeout_s, INFO_TIMEOUT_S)
+    async with new_session(limit, auth) as session:
+        info = await provenance.engine_info(session, target, Deadline.after(limit))
+    refused = provenance.refusal(target, info, auth.env if auth is not None else None)
+    if refused is not None:
+        raise BenchError(*refused)
     if wanted is not None:
         return wanted, info
     served = provenance.served_models(info)
@@ -200,7 +231,7 @@ async def resolve_model(target: str, wanted: str | None) -> tuple[str, dict[str,
     models = info.get("models")
     why = models.get("error") if isinstance(models, dict) else None
     raise BenchError(
-        f"GET {target.rstrip('/')}/v1/models named no model ({why or 'an empty list'})",
+        f"GET {show(target)}/v1/models named no model ({why or 'an empty list'})",
         "check that the server runs and answers at --target, or pass --model NAME",
     )
 

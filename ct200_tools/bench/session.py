@@ -23,6 +23,7 @@ from ct200_tools.bench.metrics import Slo
 from ct200_tools.bench.plan import Plan, Workload, load_plan
 from ct200_tools.bench.results import Store
 from ct200_tools.bench.runner import BenchError, Sweep, points, resolve_model
+from ct200_tools.bench.target import Auth
 from ct200_tools.bench.view import point_lines
 from ct200_tools.bench.watch import MetricsWatch
 from ct200_tools.bench.workload import Endpoint
@@ -103,8 +104,10 @@ def run(
     argv: list[str],
     echo: Echo,
     tty: bool,
+    auth: Auth | None = None,
 ) -> Outcome:
     store = Store(out_dir)
+    store.check()
     if len(plan.serving_sets) > 1 or any(not s.single for s in plan.serving_sets):
         raise BenchError(
             f"the plan names {len(plan.serving_sets)} serving set(s) of "
@@ -118,7 +121,7 @@ def run(
     if resume:
         run_id, prov, done = resume_run(store, plan, target, label, out_dir, argv)
     else:
-        run_id, prov = _start(store, plan, target, label, argv)
+        run_id, prov = _start(store, plan, target, label, argv, auth)
         done = frozenset()
     model = str(prov.get("model"))
     repair_tail(store, echo)
@@ -141,7 +144,8 @@ def run(
         label,
         on_point,
         extra={"identity": identity.for_run(prov)},
-        watches=(MetricsWatch(target, False),),
+        watches=(MetricsWatch(target, False, plan.timeout_s, auth),),
+        auth=auth,
     )
     if tty:
         sweep.progress = progress_line(echo)
@@ -223,12 +227,14 @@ def resume_run(
 
 
 def _start(
-    store: Store, plan: Plan, target: str, label: str, argv: list[str]
+    store: Store, plan: Plan, target: str, label: str, argv: list[str], auth: Auth | None
 ) -> tuple[str, dict[str, object]]:
-    model, info = asyncio.run(resolve_model(target, plan.model))
+    model, info = asyncio.run(resolve_model(target, plan.model, plan.timeout_s, auth))
     run_id = new_id(store)
     prov = provenance.base_provenance(argv, target, run_id)
     prov.update(mode="target", plan=plan.as_dict(), model=model, engine=info, serving_set=label)
+    # The variable's name only: the key itself is never stored.
+    prov["api_key_env"] = auth.env if auth is not None else None
     store.start(run_id, prov)
     return run_id, prov
 

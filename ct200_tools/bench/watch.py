@@ -10,7 +10,8 @@ import asyncio
 from typing import Protocol
 
 from ct200_tools.bench import specdec, telemetry
-from ct200_tools.bench.http import new_session, request_text
+from ct200_tools.bench.http import INFO_TIMEOUT_S, new_session, request_text
+from ct200_tools.bench.target import Auth
 
 
 class Watch(Protocol):
@@ -46,12 +47,19 @@ class MetricsWatch:
 
     name = "speculative"
 
-    def __init__(self, base_url: str, expected: bool) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        expected: bool,
+        timeout_s: float = INFO_TIMEOUT_S,
+        auth: Auth | None = None,
+    ) -> None:
         self.url = base_url.rstrip("/") + "/metrics"
         self.expected = expected
+        self.timeout_s, self.auth = min(timeout_s, INFO_TIMEOUT_S), auth
 
     async def _read(self) -> tuple[dict[specdec.Series, float] | None, str | None]:
-        async with new_session() as session:
+        async with new_session(self.timeout_s, self.auth) as session:
             text, error = await request_text(session, self.url, specdec.MAX_METRICS_BYTES)
         return (specdec.parse(text), None) if text is not None else (None, error)
 

@@ -8,8 +8,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
@@ -17,6 +16,9 @@ from ct200_tools import __version__
 from ct200_tools.cli.options import internal_error, spec_option
 from ct200_tools.spec import SpecError
 from ct200_tools.untrusted import UntrustedInputError, is_plain, show
+
+if TYPE_CHECKING:
+    from ct200_tools.bench.target import Auth
 
 EPILOG = """\b
 Examples:
@@ -29,13 +31,17 @@ Examples:
       --input-tokens 128 --output-tokens 256 --out results/
   ct200-bench run plan.yml --target http://127.0.0.1:30000 --out results/ --json
   ct200-bench run plan.yml --target http://127.0.0.1:30000 --out results/ --resume
+  ct200-bench run plan.yml --target https://gpu-1:8000 --api-key-env VLLM_API_KEY --out r/
+      the server's --api-key, sent as Authorization: Bearer (never printed nor stored)
   ct200-bench report results/ --out report/
   ct200-bench compare old-results/ new-results/
 
 \b
 Exit codes: 0 done, every request answered; 1 done, some requests failed or timed out (each
-point says how many and why); 2 bad input, refused before any request; 3 the tool itself broke;
-4 the results could not be written (the points written before are whole; --resume continues);
+point says how many and why); 2 bad input, or a target that does not answer, redirects or wants
+an API key, refused before any request; 3 the tool itself broke; 4 the results could not be
+written (also: --out no directory, results.jsonl no regular file; the points written before are
+whole; --resume continues);
 5 a serving set is not benchmark-ready (its switch failed, or the doctor's check of it failed
 and no --force): the doctor's root cause and fix are printed, the sets before it are kept.
 """
@@ -78,16 +84,32 @@ def _csv(kind: type[int] | type[float], lo: float) -> Callable[..., tuple[float,
 
 
 def _target(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    from ct200_tools.bench.target import check_target  # noqa: PLC0415
+
     if value is None:
         return None
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+    try:
+        return check_target(value)
+    except ValueError as exc:
         raise click.BadParameter(
-            f"{show(value)} is not a server's base URL; write e.g. http://127.0.0.1:30000",
+            f"{exc}; write a server's base URL, e.g. http://127.0.0.1:30000", ctx, param
+        ) from None
+
+
+def _api_key_env(ctx: click.Context, param: click.Parameter, value: str | None) -> object:
+    from ct200_tools.bench.target import Auth  # noqa: PLC0415
+
+    if value is None:
+        return None
+    try:
+        return Auth.from_env(value)
+    except ValueError as exc:
+        raise click.BadParameter(
+            f"{exc}; export the server's API key in it first (e.g. read -rs {show(value, 60)}; "
+            f"export {show(value, 60)})",
             ctx,
             param,
-        )
-    return value.rstrip("/")
+        ) from None
 
 
 def _label(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -112,6 +134,13 @@ AD_HOC = ("concurrency", "request_rate", "input_tokens", "output_tokens", "reque
 @cli.command()
 @click.argument("plan_path", metavar="[PLAN]", required=False)
 @click.option("--target", callback=_target, help="The server's base URL (no switch, no gate).")
+@click.option(
+    "--api-key-env",
+    "auth",
+    metavar="VAR",
+    callback=_api_key_env,
+    help="Send the API key in environment variable VAR as Authorization: Bearer.",
+)
 @spec_option
 @click.option(
     "--force",
@@ -133,7 +162,12 @@ AD_HOC = ("concurrency", "request_rate", "input_tokens", "output_tokens", "reque
 )
 @click.option("--repetitions", type=click.IntRange(1, 100), help="Each point this many times.")
 @click.option("--warmup", type=click.IntRange(0, 10_000), help="Uncounted requests first.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), help="Per request, s.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0.1),
+    help="Per request, s (an info request: at most 10 s).",
+)
 @click.option(
     "--max-seconds",
     type=click.FloatRange(min=0.1, max=7 * 86_400),
@@ -148,6 +182,7 @@ AD_HOC = ("concurrency", "request_rate", "input_tokens", "output_tokens", "reque
 def run(
     plan_path: str | None,
     target: str | None,
+    auth: Auth | None,
     spec_path: str | None,
     force: bool,
     out_dir: str,
@@ -227,7 +262,7 @@ def run(
         site, source = managed_run.load_site(spec_path)
         outcome = managed_run.run_managed(
             plan,
-            managed_run.Managed(site, source, force),
+            managed_run.Managed(site, source, force, auth=auth),
             out_dir,
             resume=resume,
             as_json=as_json,
@@ -246,6 +281,7 @@ def run(
             argv=argv,
             echo=click.echo,
             tty=tty,
+            auth=auth,
         )
     sys.exit(Exit.FAILED if outcome.failed_requests else Exit.OK)
 
@@ -324,6 +360,7 @@ def _fail(lines: Sequence[str], code: Exit) -> NoReturn:
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Console entry: every error becomes a message and an exit code, never a traceback."""
+    from ct200_tools.bench.http import NoAnswer  # noqa: PLC0415
     from ct200_tools.bench.managed import NotReady  # noqa: PLC0415
     from ct200_tools.bench.plan import PlanError  # noqa: PLC0415
     from ct200_tools.bench.results import StoreError  # noqa: PLC0415
@@ -348,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             ],
             Exit.NOT_READY,
         )
-    except (BenchError, UntrustedInputError) as exc:
+    except (BenchError, NoAnswer, UntrustedInputError) as exc:
         _fail([f"ct200-bench: {exc.message}", f"  fix: {exc.fix}"], Exit.BAD_INPUT)
     except StoreError as exc:
         _fail([f"ct200-bench: {exc.message}", f"  fix: {exc.fix}"], Exit.STORE)

@@ -184,12 +184,19 @@ def test_resume_with_another_plan_is_refused(tmp_path: Path) -> None:
     assert len(lines(out / "results.jsonl")) == 1
 
 
-def test_an_unreachable_target_is_exit_2_with_a_fix_and_no_traceback(tmp_path: Path) -> None:
+@pytest.mark.parametrize("model", [[], ["--model", "m"]])
+def test_an_unreachable_target_is_exit_2_with_a_fix_and_no_traceback(
+    tmp_path: Path, model: list[str]
+) -> None:
     with standin() as url:
         pass  # the port is free again once the stand-in is gone
-    proc = bench("run", "--target", url, "--concurrency", "1", *ADHOC, "--out", str(tmp_path))
-    assert proc.returncode == 2
-    assert "named no model" in proc.stderr and "fix: " in proc.stderr
+    proc = bench(
+        "run", "--target", url, "--concurrency", "1,2", *ADHOC, *model, "--out", str(tmp_path)
+    )
+    assert proc.returncode == 2, proc.stderr
+    # Even with --model: a target that answers nothing gets no 0 tok/s points.
+    assert f"{url} did not answer: GET /v1/models" in proc.stderr
+    assert "cannot connect" in proc.stderr and "fix: check that the server runs" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "results.jsonl").exists()
 
@@ -197,7 +204,7 @@ def test_an_unreachable_target_is_exit_2_with_a_fix_and_no_traceback(tmp_path: P
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--target", "ftp://x", "--concurrency", "1", *ADHOC], "is not a server's base URL"),
+        (["--target", "ftp://x", "--concurrency", "1", *ADHOC], "is not an http:// or https://"),
         (["--target", "http://127.0.0.1:9", "--concurrency", "0", *ADHOC], "below 1"),
         (["--target", "http://127.0.0.1:9", "--concurrency", "1,x", *ADHOC], "not a number"),
         (["--target", "http://127.0.0.1:9", *ADHOC], "--concurrency LIST"),
@@ -218,3 +225,17 @@ def test_bad_options_are_exit_2(tmp_path: Path, args: list[str], message: str) -
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_usage_that_contradicts_the_stream_is_a_failed_request_not_a_figure(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    with standin("--usage-tokens", "1000000000000") as url:
+        proc = bench("run", "--target", url, "--concurrency", "1", *ADHOC, "--out", str(out))
+    assert proc.returncode == 1, proc.stderr
+    (point,) = lines(out / "results.jsonl")
+    assert point["errors"] == {
+        "usage says 1000000000000 completion tokens, more than the 4 max_tokens asked": 4
+    }
+    assert point["requests_completed"] == 0 and not point["output_tokens_per_s"]

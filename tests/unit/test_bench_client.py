@@ -196,3 +196,33 @@ def test_chat_requests_go_to_chat_completions_with_messages() -> None:
     assert [r.prompt_tokens for r in results] == [7, 7]
     # The same messages twice: the second found all but the last token in the stand-in's cache.
     assert sorted(r.cached_tokens or 0 for r in results) == [0, 6]
+
+
+@pytest.mark.parametrize(
+    ("usage", "reason"),
+    [
+        ("0", "usage says 0 completion tokens after 5 text chunk(s)"),
+        ("3", "usage says 3 completion tokens, fewer than the 5 text chunks streamed"),
+        (str(10**12), "usage says 1000000000000 completion tokens, more than the 5 max_tokens"),
+    ],
+)
+def test_usage_that_contradicts_the_stream_fails_the_request(usage: str, reason: str) -> None:
+    with standin("--usage-tokens", usage) as url:
+        results, duration = run(url, 3, 1, max_tokens=5)
+    assert all(not r.ok and r.error is not None and r.error.startswith(reason) for r in results)
+    point = summarize(results, duration)
+    assert point["requests_completed"] == 0 and point["requests_failed"] == 3
+    errors = point["errors"]
+    assert isinstance(errors, dict) and list(errors.values()) == [3]
+    # No figure is made of it.
+    assert not point["output_tokens"] and not point["output_tokens_per_s"]
+
+
+def test_several_tokens_a_chunk_as_a_speculative_server_sends_are_no_contradiction() -> None:
+    # 8 tokens in chunks of 3: 3 chunks, usage 8 (more tokens than chunks, within max_tokens).
+    with standin("--tokens-per-chunk", "3") as url:
+        results, duration = run(url, 2, 1, max_tokens=8)
+    assert all(r.ok and r.chunks == 3 and r.output_tokens == 8 for r in results), [
+        r.error for r in results
+    ]
+    assert summarize(results, duration)["output_tokens"] == 16

@@ -22,6 +22,7 @@ import yaml
 
 from ct200_tools.bench import managed, managed_run, session
 from ct200_tools.bench.plan import PlanError, load_plan
+from ct200_tools.bench.target import Auth
 from ct200_tools.bench.view import point_lines
 from ct200_tools.cli import bench as cli
 from ct200_tools.doctor.checks import for_scope, run_checks, select
@@ -143,6 +144,7 @@ def run(
     resume: bool = False,
     nvml: nvml_standin.NvmlStandin | None = None,
     port_b: int | None = None,
+    auth: Auth | None = None,
 ) -> tuple[session.Outcome, Path]:
     spec = write_site(tmp, port, port_b)
     out = tmp / "out"
@@ -157,6 +159,7 @@ def run(
             checker,
             nvml or nvml_standin.h200(),
             unit_dir=str(tmp / "units"),
+            auth=auth,
         ),
         str(out),
         resume=resume,
@@ -464,3 +467,16 @@ def test_a_pair_refused_by_one_servers_check_measures_neither_and_resume_measure
     assert [p["serving_set"] for p in again] == ["pair/set-a"] * 2 + ["pair/set-b"] * 2
     assert again[:2] == got[:2] and {p["target"] for p in again[2:]} == {url_b}
     assert url_a != url_b
+
+
+def test_a_managed_run_sends_the_api_key_and_stores_only_its_variables_name(
+    tmp_path: Path,
+) -> None:
+    key = "sk-managed-81c2d0"
+    with standin("--api-key", key) as url:
+        port = int(url.rsplit(":", 1)[1])
+        outcome, out = run(tmp_path, port, ["set-a"], auth=Auth("SITE_KEY", key))
+    assert outcome.points == 2 and outcome.failed_requests == 0
+    assert all(p["requests_completed"] == 2 for p in points(out))
+    assert provenance(out)["api_key_env"] == "SITE_KEY"
+    assert all(key not in p.read_text() for p in out.rglob("*") if p.is_file())

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from ct200_tools.bench.results import Store, read_lines
+from ct200_tools.bench.results import Store, StoreError, read_lines
 from ct200_tools.untrusted import UntrustedInputError
+from tests.unit.bench_helpers import bench, standin
 
 
 def test_a_torn_last_line_is_ignored_and_cut_before_the_next_point(tmp_path: Path) -> None:
@@ -39,3 +41,61 @@ def test_a_line_that_is_not_a_point_is_an_error_naming_it(tmp_path: Path) -> Non
     with pytest.raises(UntrustedInputError) as err:
         store.points()
     assert "line 2" in err.value.message and err.value.fix
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.timeout(60)
+def test_a_point_is_never_written_into_a_fifo_and_never_waits_for_one(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    fifo = _fifo(tmp_path / "results.jsonl")
+    with pytest.raises(StoreError, match="is a FIFO"):
+        store.check()
+    # Past the check (a FIFO swapped in later), without a reader and with one: refused at once.
+    with pytest.raises(StoreError, match=r"results.jsonl is a FIFO \(named pipe\), not a regular"):
+        store.add_point({"key": "x"})
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        with pytest.raises(StoreError, match="not a regular file"):
+            store.add_point({"key": "x"})
+        with pytest.raises(StoreError, match="not a regular file"):
+            store.repair_tail()
+        assert os.read(reader, 100) == b""  # nothing went into the pipe
+    finally:
+        os.close(reader)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device", "out-file", "runs-file"])
+def test_results_that_are_not_regular_files_are_exit_4_before_any_request(
+    tmp_path: Path, kind: str
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    results = out / "results.jsonl"
+    if kind == "fifo":
+        _fifo(results)
+    elif kind == "directory":
+        results.mkdir()
+    elif kind == "device":
+        results.symlink_to("/dev/null")
+    elif kind == "out-file":
+        out.rmdir()
+        out.write_text("")
+    else:
+        (out / "runs").write_text("")
+    with standin() as url:
+        # A hang fails the test (TimeoutExpired) instead of blocking the suite.
+        proc = bench("run", "--target", url, "--concurrency", "1", "--input-tokens", "4",
+                     "--output-tokens", "2", "--requests", "1", "--out", str(out),
+                     timeout=60)  # fmt: skip
+    assert proc.returncode == 4, proc.stderr
+    assert "ct200-bench: cannot write results: " in proc.stderr
+    wanted = "a directory" if kind in ("out-file", "runs-file") else "a regular file"
+    assert f", not {wanted}" in proc.stderr
+    assert "fix: pass as --out a directory you can write" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not proc.stdout  # refused before the run started
