@@ -1,6 +1,6 @@
 """A minimal independent client: the witness ct200-bench's figures are checked against.
 
-It shares no code with ct200-bench (standard library only: http.client in one thread per
+It shares no code with ct200-bench (standard library only: http.client in one process per
 request in flight, no aiohttp, no asyncio) and measures what ct200-bench's docs define: TTFT =
 request sent -> first streamed chunk with text, output tok/s = the server's usage
 completion_tokens over the point's wall time. Every prompt is fresh: random letters and spaces
@@ -16,17 +16,19 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import multiprocessing as mp
 import random
 import statistics
 import string
-import threading
 import time
 import urllib.parse
+from multiprocessing.synchronize import Barrier as BarrierType
+from typing import Any
 
 LETTERS = string.ascii_lowercase + " "
 
 
-def one(url: urllib.parse.SplitResult, body: bytes) -> dict[str, object]:
+def one(url: urllib.parse.SplitResult, body: bytes) -> dict[str, Any]:
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=600)
     sent = time.perf_counter()
     conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
@@ -53,8 +55,17 @@ def one(url: urllib.parse.SplitResult, body: bytes) -> dict[str, object]:
     return {"ok": done and ttft is not None, "ttft_s": ttft, "usage": usage}
 
 
+def _worker(url_text: str, jobs: mp.Queue, out: mp.Queue, barrier: BarrierType) -> None:
+    url = urllib.parse.urlsplit(url_text)
+    barrier.wait()
+    while True:
+        body = jobs.get()
+        if body is None:
+            return
+        out.put(one(url, body))
+
+
 def point(args: argparse.Namespace) -> dict[str, object]:
-    url = urllib.parse.urlsplit(args.url)
     rng = random.SystemRandom()
     bodies = [
         json.dumps(
@@ -70,30 +81,32 @@ def point(args: argparse.Namespace) -> dict[str, object]:
         ).encode()
         for _ in range(args.requests)
     ]
-    results: list[dict[str, object]] = []
-    lock = threading.Lock()
-
-    def worker() -> None:
-        while True:
-            with lock:
-                if not bodies:
-                    return
-                body = bodies.pop()
-            r = one(url, body)
-            with lock:
-                results.append(r)
-
+    # One process per request in flight: no interpreter lock shared between the streams, so
+    # one stream's parsing never delays another's first token (threads did: see README).
+    ctx = mp.get_context("fork")
+    jobs: mp.Queue = ctx.Queue()
+    out: mp.Queue = ctx.Queue()
+    for body in bodies:
+        jobs.put(body)
+    for _ in range(args.concurrency):
+        jobs.put(None)
+    barrier = ctx.Barrier(args.concurrency + 1)
+    procs = [
+        ctx.Process(target=_worker, args=(args.url, jobs, out, barrier))
+        for _ in range(args.concurrency)
+    ]
+    for proc in procs:
+        proc.start()
+    barrier.wait()
     start = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(args.concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = [out.get() for _ in bodies]
     duration = time.perf_counter() - start
+    for proc in procs:
+        proc.join()
     ok = [r for r in results if r["ok"]]
-    ttfts = sorted(float(r["ttft_s"]) * 1000 for r in ok)  # type: ignore[arg-type]
-    out_tokens = sum(int(r["usage"].get("completion_tokens", 0)) for r in ok)  # type: ignore[union-attr]
-    in_tokens = [int(r["usage"].get("prompt_tokens", 0)) for r in ok]  # type: ignore[union-attr]
+    ttfts = sorted(float(r["ttft_s"]) * 1000 for r in ok)
+    out_tokens = sum(int(r["usage"].get("completion_tokens", 0)) for r in ok)
+    in_tokens = [int(r["usage"].get("prompt_tokens", 0)) for r in ok]
     return {
         "client": "minimal",
         "concurrency": args.concurrency,
