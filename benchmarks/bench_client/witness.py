@@ -30,6 +30,41 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 MINIMAL = Path(__file__).with_name("minimal.py")
 EVAL = re.compile(rb"prompt eval time =\s+([\d.]+) ms /\s+(\d+) tokens")
+#: llama-server's log: `M.SS.mmm.uuu I slot launch_slot_: id N | task T | ...` when a request
+#: starts, `... print_timing: ... | task T |       total time = ...` when it ends.
+LAUNCH = re.compile(
+    rb"^(\d+)\.(\d+)\.(\d+)\.(\d+) I slot launch_slot_: id +\d+ \| task (\d+) ", re.M
+)
+ENDED = re.compile(
+    rb"^(\d+)\.(\d+)\.(\d+)\.(\d+) I slot print_timing: .*\| task (\d+) \| +total time", re.M
+)
+#: Requests the minimal client sends before the first row (not counted).
+WARM = 2
+
+
+def _stamps(pattern: re.Pattern[bytes], log: bytes) -> dict[int, float]:
+    out = {}
+    for m, s, ms, us, task in pattern.findall(log):
+        out[int(task)] = int(m) * 60 + int(s) + int(ms) / 1e3 + int(us) / 1e6
+    return out
+
+
+def server_spans(log: bytes, rows: list[dict[str, object]], requests: int) -> None:
+    """The server's own view of each row: from its first request's start to its last one's
+    end by llama-server's log, and the output tokens over that span. Rows ran one after the
+    other, so the log's requests in start order are the warm-up, then `requests` a row."""
+    started, ended = _stamps(LAUNCH, log), _stamps(ENDED, log)
+    tasks = sorted(started, key=started.__getitem__)[WARM:]
+    for i, row in enumerate(rows):
+        seg = tasks[i * requests : (i + 1) * requests]
+        if len(seg) != requests or any(t not in ended for t in seg) or "error" in row:
+            row["server_span_s"] = None
+            continue
+        span = max(ended[t] for t in seg) - min(started[t] for t in seg)
+        row["server_span_s"] = round(span, 4)
+        tokens = row.get("output_tokens")
+        if isinstance(tokens, int) and span > 0:
+            row["server_output_tokens_per_s"] = round(tokens / span, 2)
 
 
 def free_port() -> int:
@@ -117,8 +152,9 @@ def run_minimal(args: argparse.Namespace, base: str, level: int) -> dict[str, ob
 def table(rows: list[dict[str, object]], levels: list[int]) -> list[str]:
     out = [
         "| c | ct200-bench TTFT p50 ms | minimal TTFT p50 ms | diff | ct200-bench tok/s | "
-        "minimal tok/s | ratio | prompt tokens (bench / minimal) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---|",
+        "minimal tok/s | ratio | server's own tok/s (bench / minimal) | "
+        "prompt tokens (bench / minimal) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for level in levels:
 
@@ -133,9 +169,11 @@ def table(rows: list[dict[str, object]], levels: list[int]) -> list[str]:
         bt, mt = med("ct200-bench", "ttft_p50_ms"), med("minimal", "ttft_p50_ms")
         bs, ms = med("ct200-bench", "output_tokens_per_s"), med("minimal", "output_tokens_per_s")
         bp, mp = med("ct200-bench", "prompt_tokens_mean"), med("minimal", "prompt_tokens_mean")
+        key = "server_output_tokens_per_s"
+        bv, mv = med("ct200-bench", key), med("minimal", key)
         out.append(
             f"| {level} | {bt:.2f} | {mt:.2f} | {bt - mt:+.2f} ms ({(bt - mt) / mt:+.1%}) | "
-            f"{bs:.1f} | {ms:.1f} | {bs / ms:.3f} | {bp:.1f} / {mp:.1f} |"
+            f"{bs:.1f} | {ms:.1f} | {bs / ms:.3f} | {bv:.1f} / {mv:.1f} | {bp:.1f} / {mp:.1f} |"
         )
     return out
 
@@ -161,7 +199,7 @@ def main() -> None:
     rows: list[dict[str, object]] = []
     with server(args, log) as base:
         # One request first, not counted: CUDA graphs and allocations warm for both clients.
-        warm = argparse.Namespace(**{**vars(args), "requests": 2})
+        warm = argparse.Namespace(**{**vars(args), "requests": WARM})
         run_minimal(warm, base, 1)
         for level in args.levels:
             for rnd in range(args.rounds):
@@ -175,6 +213,7 @@ def main() -> None:
                     row.update(round=rnd, order=order.index(who), wall_s=time.monotonic() - t0)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
+    server_spans(log.read_bytes(), rows, args.requests)
     evals = [int(n) for _, n in EVAL.findall(log.read_bytes())]
     summary = {
         "rows": rows,

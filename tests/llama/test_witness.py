@@ -40,9 +40,12 @@ def test_witness_benchmark(llama_binary: Path, tiny_model: Path, tmp_path: Path)
         assert "error" not in row, row
         assert row["requests_ok"] == 2 and row["requests_failed"] == 0, row
         assert row["output_tokens"] == 2 * 8, row
+        # The server's own log accounts for each row's requests, start to end.
+        assert row["server_span_s"] > 0 and row["server_output_tokens_per_s"] > 0, row
     # Both clients' prompts have the same length by the server's own count.
     for level in (1, 2):
         lengths = {r["client"]: r["prompt_tokens_mean"] for r in rows if r["concurrency"] == level}
         assert lengths["ct200-bench"] == lengths["minimal"], lengths
     assert len(report["table"]) == 4 and report["table"][2].startswith("| 1 |")
+    assert report["table"][0].count("|") == report["table"][2].count("|") == 10
     assert report["server_prompt_evals"]["count"] >= 16
