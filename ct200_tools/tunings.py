@@ -127,6 +127,23 @@ TUNINGS: Final = (
         needs=("pci", "kernel"),
         gpu_only=True,
     ),
+    Tuning(
+        key="cpu_governor",
+        check="cpu_governor",
+        title="CPU frequency governor",
+        values=("performance", "powersave", "schedutil", "ondemand", "conservative", "userspace"),
+        default="performance",
+        example="cpu_governor: performance",
+        apply="sysfs",
+        sysfs=Sysfs("/sys/devices/system/cpu", r"cpu\d+", "cpufreq/scaling_governor", "CPU"),
+        doc="Every CPU's cpufreq scaling_governor equals tuning.cpu_governor (performance: a "
+        "benchmark's figures must not depend on frequency scaling). Host sysfs, read-only in a "
+        "container; a machine whose CPUs have no cpufreq (a VM) cannot be judged: a skip.",
+        host_doc="tune.cpu_governor on the host, where a systemd-tmpfiles line "
+        f"({TMPFILES_FILE}, the host_tuning tag) sets every CPU's governor at every boot.",
+        cause="the host's CPU frequency governor is wrong (check --host)",
+        why="a benchmark's figures must not depend on CPU frequency scaling",
+    ),
 )
 
 BY_KEY: Final = {t.key: t for t in TUNINGS}
