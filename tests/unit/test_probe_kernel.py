@@ -85,3 +85,30 @@ def test_detect_container(tmp_path: Path, files: dict[str, str | bytes], want: s
     for path, content in files.items():
         put(tmp_path, path, content)
     assert detect_container(Reader(root=tmp_path)) == want
+
+
+def test_sysfs_tunings_read_each_item_and_say_what_they_could_not(tmp_path: Path) -> None:
+    """The table's sysfs tunings (tuning.cpu_governor: every CPU's scaling_governor) on a
+    rebuilt root: each CPU with cpufreq read, one without skipped, a non-CPU entry ignored, and
+    a file that exists but cannot be read noted, never guessed."""
+    cpu = "/sys/devices/system/cpu"
+    put(tmp_path, f"{cpu}/cpu0/cpufreq/scaling_governor", "performance\n")
+    put(tmp_path, f"{cpu}/cpu10/cpufreq/scaling_governor", "powersave\n")
+    put(tmp_path, f"{cpu}/cpu2/online", "1\n")  # no cpufreq: nothing to read
+    put(tmp_path, f"{cpu}/cpufreq/boost", "1\n")  # not a CPU
+    r = Reader(root=tmp_path)
+    got = probe_kernel(r).tunings
+    assert got == {"cpu_governor": {"cpu0": "performance", "cpu10": "powersave"}}
+    assert not any(k.startswith("kernel.tuning") for k in r.unreadable)
+
+
+def test_sysfs_tunings_absent_without_cpufreq_and_noted_when_unreadable(tmp_path: Path) -> None:
+    cpu = "/sys/devices/system/cpu"
+    put(tmp_path, f"{cpu}/cpu0/online", "1\n")
+    r = Reader(root=tmp_path)
+    assert probe_kernel(r).tunings == {}  # a VM: the check says "cannot be read here"
+    assert r.unreadable.get("kernel.tuning.cpu_governor") is None
+    (tmp_path / "sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").mkdir(parents=True)
+    r = Reader(root=tmp_path)
+    assert probe_kernel(r).tunings == {}
+    assert "cannot read" in r.unreadable["kernel.tuning.cpu_governor"]
