@@ -151,12 +151,16 @@ BY_KEY: Final = {t.key: t for t in TUNINGS}
 
 def export(values: dict[str, Value | None]) -> list[dict[str, object]]:
     """ct200_validated.tunings, what roles/host_tuning applies: each tuning with this spec's
-    value (None: not managed), how it is applied, and for sysfs its glob and tmpfiles line."""
+    value (None: not managed), how it is applied, and for sysfs where its files are (root,
+    depth below it, glob) and its tmpfiles line."""
     out: list[dict[str, object]] = []
     for t in TUNINGS:
         value = values.get(t.key)
         entry: dict[str, object] = {"key": t.key, "value": value, "apply": t.apply, "why": t.why}
         if t.sysfs is not None:
+            # The role finds the files with find(1) (no shell): root, depth and the glob.
+            entry["root"] = t.sysfs.root
+            entry["depth"] = 1 + t.sysfs.file.count("/") + 1
             entry["glob"] = t.sysfs.glob
             entry["line"] = None if value is None else tmpfiles_line(t, value)
         out.append(entry)
