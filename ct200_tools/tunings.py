@@ -2,7 +2,7 @@
 
 An entry says what the site spec accepts under `tuning:` (key, values, default), how the machine
 shows the setting (a sysctl, or a sysfs file per CPU or device), how the PVE host applies it
-(`apply`: "sysctl" persists in sysctl.d and sets it now, "sysfs" persists a systemd-tmpfiles
+(`apply`: "sysctl" persists a sysctl.d line and sets it now, "sysfs" persists a systemd-tmpfiles
 `w` line and applies it now, "unit" is a boot unit of its own), the texts of its two checks
 (`tune.<check>` on this machine, `host.<check>` on the host that `check --host` reads), the
 cause link between them and the playbook tag. From this table come: the spec's reader and
@@ -84,6 +84,11 @@ class Tuning:
     cause: str
     #: For apply "sysfs": where the machine shows it.
     sysfs: Sysfs | None = None
+    #: For apply "sysctl": its name (kernel.numa_balancing), read from /proc/sys.
+    sysctl: str | None = None
+    #: Its value's field of the facts' KernelFacts when it was recorded before this table
+    #: (numa_balancing); else the probe reads it into KernelFacts.tunings.
+    fact: str | None = None
     #: Why the value is wanted: the comment in the persisted file.
     why: str = ""
     #: The facts sections the tune.* check reads (the host.* one reads "host").
@@ -101,6 +106,8 @@ TUNINGS: Final = (
         default=0,
         example="numa_balancing: 0",
         apply="sysctl",
+        sysctl="kernel.numa_balancing",
+        fact="numa_balancing",
         doc="kernel.numa_balancing equals tuning.numa_balancing (0: the workload is NUMA-pinned "
         "already). Host sysctl; read-only inside a container.",
         host_doc="tune.numa_balancing on the host, where the sysctl is set (/etc/sysctl.d by "
@@ -151,8 +158,8 @@ BY_KEY: Final = {t.key: t for t in TUNINGS}
 
 def export(values: dict[str, Value | None]) -> list[dict[str, object]]:
     """ct200_validated.tunings, what roles/host_tuning applies: each tuning with this spec's
-    value (None: not managed), how it is applied, and for sysfs where its files are (root,
-    depth below it, glob) and its tmpfiles line."""
+    value (None: not managed), how it is applied, for sysfs where its files are (root, depth
+    below it, glob) and its tmpfiles line, for sysctl its name and sysctl.d line."""
     out: list[dict[str, object]] = []
     for t in TUNINGS:
         value = values.get(t.key)
@@ -163,6 +170,9 @@ def export(values: dict[str, Value | None]) -> list[dict[str, object]]:
             entry["depth"] = 1 + t.sysfs.file.count("/") + 1
             entry["glob"] = t.sysfs.glob
             entry["line"] = None if value is None else tmpfiles_line(t, value)
+        if t.sysctl is not None:
+            entry["sysctl"] = t.sysctl
+            entry["line"] = None if value is None else sysctl_line(t, value)
         out.append(entry)
     return out
 
@@ -173,3 +183,10 @@ def tmpfiles_line(t: Tuning, value: Value) -> str:
     if t.sysfs is None:
         raise ValueError(f"tuning.{t.key} is not applied through sysfs")
     return f"w {t.sysfs.glob} - - - - {value}"
+
+
+def sysctl_line(t: Tuning, value: Value) -> str:
+    """The sysctl.d line that sets a sysctl tuning at every boot (sysctl.d(5))."""
+    if t.sysctl is None:
+        raise ValueError(f"tuning.{t.key} is not a sysctl")
+    return f"{t.sysctl} = {value}"

@@ -94,11 +94,13 @@ class TuningSpec:
 
     def __getattr__(self, key: str) -> Value | None:
         if key in BY_KEY:
-            return dict(self.__dict__["values"]).get(key, BY_KEY[key].default)
+            return self.value(key)
         raise AttributeError(f"TuningSpec has no {key!r} (not a tuning of ct200_tools.tunings)")
 
     def value(self, key: str) -> Value | None:
-        return dict(self.values).get(key, BY_KEY[key].default)
+        """The spec's value of tuning.<key>; the table's default when this spec has none."""
+        values = dict(self.values)
+        return values[key] if key in values else BY_KEY[key].default
 
     def plain(self) -> dict[str, Value | None]:
         return {t.key: self.value(t.key) for t in TUNINGS}

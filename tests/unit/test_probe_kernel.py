@@ -112,3 +112,45 @@ def test_sysfs_tunings_absent_without_cpufreq_and_noted_when_unreadable(tmp_path
     r = Reader(root=tmp_path)
     assert probe_kernel(r).tunings == {}
     assert "cannot read" in r.unreadable["kernel.tuning.cpu_governor"]
+
+
+def test_a_sysctl_without_a_fact_of_its_own_is_read_and_judged(tmp_path: Path) -> None:
+    """A sysctl entry added to the table (no KernelFacts field): read from /proc/sys into
+    kernel.tunings, judged by the sysctl kind's judgement, with the sysctl.d fix; a kernel
+    without it is noted and skips saying why."""
+    import dataclasses  # noqa: PLC0415 - beside its use
+
+    from ct200_tools.doctor.checks.base import Context  # noqa: PLC0415
+    from ct200_tools.doctor.checks.tune import here, judge  # noqa: PLC0415
+    from ct200_tools.doctor.probes.kernel import read_sysctl  # noqa: PLC0415
+    from ct200_tools.facts import Facts  # noqa: PLC0415
+    from ct200_tools.spec import TuningSpec, load_spec  # noqa: PLC0415
+    from ct200_tools.tunings import SYSCTL_FILE, Tuning  # noqa: PLC0415
+
+    swap = Tuning(
+        key="vm_swappiness", check="vm_swappiness", title="swappiness", values=(0, 1),
+        default=0, example="vm_swappiness: 0", apply="sysctl", doc="d", host_doc="h",
+        cause="c", sysctl="vm.swappiness",
+    )  # fmt: skip
+    put(tmp_path, "/proc/sys/vm/swappiness", "60\n")
+    r = Reader(root=tmp_path)
+    got = read_sysctl(r, swap.key, "vm.swappiness")
+    assert got == {"vm.swappiness": "60"} and not r.unreadable
+    site = load_spec(Path(__file__).parents[2] / "inventory" / "ct200")
+    site = dataclasses.replace(site, tuning=TuningSpec((("vm_swappiness", 0),)))
+    facts = Facts(kernel=probe_kernel(r))
+    facts = dataclasses.replace(
+        facts,
+        kernel=dataclasses.replace(facts.kernel, tunings={swap.key: got}),  # type: ignore[arg-type]
+    )
+    ctx = Context(facts, site)
+    out = judge(ctx, swap, here(ctx, swap), "host")
+    assert (out.ok, out.summary) == (False, "vm.swappiness = 60, the spec wants 0")
+    assert out.remedy is not None and out.remedy.command == "sysctl -w vm.swappiness=0"
+    assert out.remedy.config == ("vm.swappiness = 0",) and out.remedy.file == SYSCTL_FILE
+    missing = Reader(root=tmp_path / "none")
+    assert read_sysctl(missing, swap.key, "vm.swappiness") == {}
+    assert "no such sysctl" in missing.unreadable["kernel.tuning.vm_swappiness"]
+    gone = dataclasses.replace(facts, kernel=dataclasses.replace(facts.kernel, tunings={}))  # type: ignore[arg-type]
+    out = judge(Context(gone, site), swap, here(Context(gone, site), swap), "host")
+    assert (out.ok, out.summary) == (None, "vm.swappiness not readable")

@@ -238,7 +238,7 @@ ROLE_VARS = [
     "host_devices_nodes",
     "host_tuning_unit",
     "host_tuning_after_unit",
-    "host_tuning_numa_balancing",
+    "host_tuning_sysctl",
     "host_tuning_pcie_max_read_request",
     "host_tuning_mrrs",
     "host_tuning_tunings",
@@ -336,7 +336,16 @@ def test_the_roles_read_the_list_the_table_and_the_nodes_from_the_validate_play(
         "host_devices_nodes": list(spec.gpus.device_nodes),
         "host_tuning_unit": units.PCIE_TUNE.name(),
         "host_tuning_after_unit": units.HOST_DEVICES.name(),
-        "host_tuning_numa_balancing": 0,
+        "host_tuning_sysctl": [
+            {
+                "key": "numa_balancing",
+                "value": 0,
+                "apply": "sysctl",
+                "why": tunings.BY_KEY["numa_balancing"].why,
+                "sysctl": "kernel.numa_balancing",
+                "line": "kernel.numa_balancing = 0",
+            }
+        ],
         "host_tuning_pcie_max_read_request": 1024,
         "host_tuning_mrrs": validated["mrrs"],
         # The tunings' table with this spec's values, as roles/host_tuning applies them.

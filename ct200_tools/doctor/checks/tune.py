@@ -1,9 +1,9 @@
 """tune.*: the host tunings that must hold before benchmarks, one check per entry of
 ct200_tools.tunings (tune.<check>, and host.<check> in checks/host.py), made here from the entry.
 
-A sysfs tuning is judged by one generic judgement (every item's value is the spec's); a tuning
-whose judgement needs code registers it in JUDGES beside its function: NUMA balancing (its own
-fact, kernel.numa_balancing) and MRRS (each GPU's config space).
+A sysctl or sysfs tuning is judged by its kind's one judgement (the kernel's value, or every
+item's, is the spec's); a tuning whose judgement needs code registers it in JUDGES beside its
+function: MRRS (each GPU's config space, set by a boot unit of its own).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from ct200_tools.tunings import (
     TUNINGS,
     Tuning,
     mrrs_code,
+    sysctl_line,
     tmpfiles_line,
 )
 from ct200_tools.units import PCIE_TUNE
@@ -69,26 +70,29 @@ def on_host(ctx: Context, t: Tuning, h: HostFacts) -> Seen:
     return Seen(h.kernel, h.pci, ctx.unreadable(*keys))
 
 
-def judge_numa_balancing(
-    ctx: Context, k: KernelFacts | None, why_unreadable: str | None, where: Where
-) -> Outcome:
-    """tune.numa_balancing's judgement, on this machine's kernel or the host's (host.*)."""
-    want = ctx.site.tuning.value("numa_balancing")
+def judge_sysctl(ctx: Context, t: Tuning, seen: Seen, where: Where) -> Outcome:
+    """A sysctl tuning: the kernel's value is the spec's. The host's sysctl, read only in a
+    container: the fix is the host's (sysctl -w now, a sysctl.d line for every boot)."""
+    want = ctx.site.tuning.value(t.key)
     if want is None:
-        return skipped("tuning.numa_balancing not managed by the spec")
-    have = k.numa_balancing if k else None
+        return skipped(f"tuning.{t.key} not managed by the spec")
+    name = t.sysctl or t.key
+    k = seen.kernel
+    have: object = None
+    if k is not None:
+        have = getattr(k, t.fact) if t.fact else (k.tunings.get(t.key) or {}).get(name)
     if have is None:
-        return skipped("kernel.numa_balancing not readable", why_unreadable or "")
-    if have == want:
-        return passed(f"kernel.numa_balancing = {have}")
+        return skipped(f"{name} not readable", seen.why or "")
+    if str(have) == str(want):
+        return passed(f"{name} = {have}")
     return failed(
-        f"kernel.numa_balancing = {have}, the spec wants {want}",
+        f"{name} = {have}, the spec wants {want}",
         Remedy(
             "set the host sysctl now and persist it for every boot (a container cannot change it)",
             where,
-            f"sysctl -w kernel.numa_balancing={want}",
-            "host_tuning",
-            (f"kernel.numa_balancing = {want}",),
+            f"sysctl -w {name}={want}",
+            t.tag,
+            (sysctl_line(t, want),),
             SYSCTL_FILE,
         ),
     )
@@ -167,20 +171,17 @@ def judge_sysfs(ctx: Context, t: Tuning, seen: Seen, where: Where) -> Outcome:
     )
 
 
-def _numa(ctx: Context, t: Tuning, seen: Seen, where: Where) -> Outcome:
-    return judge_numa_balancing(ctx, seen.kernel, seen.why, where)
-
-
 def _mrrs(ctx: Context, t: Tuning, seen: Seen, where: Where) -> Outcome:
     return judge_mrrs(ctx, seen.pci, seen.why, where)
 
 
 #: The tunings whose judgement needs code, by key; the others' is their apply kind's.
-JUDGES: dict[str, Judge] = {"numa_balancing": _numa, "pcie_max_read_request": _mrrs}
+JUDGES: dict[str, Judge] = {"pcie_max_read_request": _mrrs}
+BY_APPLY: dict[str, Judge] = {"sysfs": judge_sysfs, "sysctl": judge_sysctl}
 
 
 def judge(ctx: Context, t: Tuning, seen: Seen, where: Where) -> Outcome:
-    return JUDGES.get(t.key, judge_sysfs)(ctx, t, seen, where)
+    return (JUDGES.get(t.key) or BY_APPLY[t.apply])(ctx, t, seen, where)
 
 
 def made(

@@ -66,6 +66,11 @@ def probe_kernel(r: Reader) -> KernelFacts:
         for t in TUNINGS
         if t.sysfs is not None and (got := read_sysfs(r, t.key, t.sysfs))
     }
+    tunings |= {
+        t.key: got
+        for t in TUNINGS
+        if t.sysctl is not None and t.fact is None and (got := read_sysctl(r, t.key, t.sysctl))
+    }
     return KernelFacts(
         release=release.strip() if release else None,
         cmdline=cmdline.strip() if cmdline else None,
@@ -103,3 +108,21 @@ def read_sysfs(r: Reader, key: str, where: Sysfs) -> dict[str, str]:
             continue
         got[item] = value
     return got
+
+
+def read_sysctl(r: Reader, key: str, name: str) -> dict[str, str]:
+    """A sysctl tuning's value, {name: value}; a kernel without it is noted under
+    kernel.tuning.<key> (its checks then skip saying why)."""
+    path = "/proc/sys/" + name.replace(".", "/")
+    try:
+        value = r.read_text(path).strip()
+    except FileNotFoundError:
+        r.note(f"kernel.tuning.{key}", f"{path}: no such sysctl on this kernel")
+        return {}
+    except OSError as exc:
+        r.note(f"kernel.tuning.{key}", f"cannot read {path}: {exc.strerror}")
+        return {}
+    if not value.isprintable() or len(value) > MAX_VALUE:
+        r.note(f"kernel.tuning.{key}", f"{path}: unexpected content")
+        return {}
+    return {name: value}
