@@ -205,6 +205,9 @@ class KernelFacts:
     nvidia_module_version: str | None = None
     #: "lxc", "docker", "podman", "systemd-nspawn", other names, or "none".
     container: str | None = None
+    #: Each sysfs tuning of ct200_tools.tunings as read here: tuning key -> item -> value
+    #: ({"cpu_governor": {"cpu0": "performance", ...}}); a tuning with no file here is absent.
+    tunings: dict[str, dict[str, str]] = field(default_factory=dict, metadata=LATER)
 
 
 @dataclass(frozen=True)
@@ -562,12 +565,19 @@ class FactsFormatError(ValueError):
     """A facts document that this doctor cannot read."""
 
 
+def _default(f: dataclasses.Field[Any]) -> Any:
+    """A field's default, also when a factory makes it (an empty dict)."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
 def to_jsonable(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {
             f.name: to_jsonable(getattr(obj, f.name))
             for f in dataclasses.fields(obj)
-            if not (f.metadata.get("omit_default") and getattr(obj, f.name) == f.default)
+            if not (f.metadata.get("omit_default") and getattr(obj, f.name) == _default(f))
         }
     if isinstance(obj, tuple | list):
         return [to_jsonable(v) for v in obj]

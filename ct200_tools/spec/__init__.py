@@ -20,7 +20,6 @@ from ct200_tools.spec.files import (
 )
 from ct200_tools.spec.model import (
     DEFAULT_SPEC_PATH,
-    MRRS_SIZES,
     NVIDIA_CORE_NODES,
     SPEC_KEY,
     Engine,
@@ -38,11 +37,11 @@ from ct200_tools.spec.model import (
     SpeculativeSpec,
     TuningSpec,
     model_to_dict,
-    mrrs_code,
     spec_to_dict,
 )
 from ct200_tools.spec.schema import validate
 from ct200_tools.spec.sizes import format_size, parse_size
+from ct200_tools.tunings import MRRS_SIZES, mrrs_code
 
 #: The modules of this package in dependency order: each imports only modules before it.
 MODULES = ("sizes", "model", "read", "servers", "schema", "files")

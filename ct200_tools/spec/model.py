@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Final, Literal
 
 from ct200_tools.spec.sizes import format_size
+from ct200_tools.tunings import BY_KEY, TUNINGS, Value
 
 Passthrough = Literal["devn", "raw-lxc"]
 Engine = Literal["sglang", "vllm", "command"]
@@ -83,23 +84,26 @@ class GpuSpec:
         return (*(f"/dev/nvidia{i}" for i in range(self.count)), *NVIDIA_CORE_NODES)
 
 
-#: The PCIe Max Read Request Sizes a spec may ask for, in bytes; each one's index is its code in
-#: bits 14:12 of the Device Control register (log2(bytes/128)). The one table: the schema's
-#: choices, the doctor's fix (checks/tune.py) and the host's boot script (roles/host_tuning
-#: renders it in from ct200_validated.mrrs) all read it.
-MRRS_SIZES: Final = tuple(128 << code for code in range(6))
-
-
-def mrrs_code(size: int) -> int:
-    """The Device Control code of an MRRS size of MRRS_SIZES (ValueError for another)."""
-    return MRRS_SIZES.index(size)
-
-
 @dataclass(frozen=True)
 class TuningSpec:
-    numa_balancing: int | None = 0
-    #: Bytes, one of MRRS_SIZES; None: not managed.
-    pcie_max_read_request: int | None = None
+    """Each host tuning of ct200_tools.tunings.TUNINGS with its value (None: not managed), in
+    the table's order; read as attributes (spec.tuning.numa_balancing). The table is the one
+    list: a tuning added there is a field here."""
+
+    values: tuple[tuple[str, Value | None], ...] = tuple((t.key, t.default) for t in TUNINGS)
+
+    def __getattr__(self, key: str) -> Value | None:
+        if key in BY_KEY:
+            return self.value(key)
+        raise AttributeError(f"TuningSpec has no {key!r} (not a tuning of ct200_tools.tunings)")
+
+    def value(self, key: str) -> Value | None:
+        """The spec's value of tuning.<key>; the table's default when this spec has none."""
+        values = dict(self.values)
+        return values[key] if key in values else BY_KEY[key].default
+
+    def plain(self) -> dict[str, Value | None]:
+        return {t.key: self.value(t.key) for t in TUNINGS}
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,8 @@ class SiteSpec:
 
 
 def _plain(value: object) -> object:
+    if isinstance(value, TuningSpec):
+        return value.plain()
     if is_dataclass(value) and not isinstance(value, type):
         return {f.name: _field(f.metadata, getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, tuple | list):

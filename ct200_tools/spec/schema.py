@@ -11,7 +11,6 @@ import dataclasses
 from typing import Final
 
 from ct200_tools.spec.model import (
-    MRRS_SIZES,
     GpuSpec,
     ModelSpec,
     Passthrough,
@@ -36,6 +35,7 @@ from ct200_tools.spec.read import (
     within,
 )
 from ct200_tools.spec.servers import MAX_GPUS, Draft, check_servers, read_server
+from ct200_tools.tunings import TUNINGS, Tuning
 
 PASSTHROUGH: Final[dict[str, Passthrough]] = {"devn": "devn", "raw-lxc": "raw-lxc"}
 SHM_ROOT: Final = "/dev/shm"
@@ -66,10 +66,8 @@ GPUS: Final = {
     "numa": "numa: [[0, 1, 2, 3], [4, 5, 6, 7]]",
 }
 PCIE: Final = {"gen": "gen: 5", "width": "width: 16"}
-TUNING: Final = {
-    "numa_balancing": "numa_balancing: 0",
-    "pcie_max_read_request": "pcie_max_read_request: 4096",
-}
+#: From the tunings' table (ct200_tools.tunings): each key with the example fix texts quote.
+TUNING: Final = {t.key: t.example for t in TUNINGS}
 SHM: Final = {"size": "size: 1200G", "reserve_ram": "reserve_ram: 64G"}
 MODEL: Final = {
     "name": "name: qwen3.6-27b",
@@ -160,17 +158,25 @@ def read_numa(gpus: Section, count: int | None) -> tuple[tuple[int, ...], ...]:
 
 
 def read_tuning(root: Section) -> TuningSpec:
+    """Every tuning of the table: absent means its default, an explicit null "leave the host's
+    setting alone" (not managed)."""
     tuning = subsection(root, "tuning", TUNING)
     if tuning is None:
         return TuningSpec()
-    # Absent means the default (0); an explicit null means "leave the host's setting alone".
-    balancing = tuning.get_int("numa_balancing", 0, 1, nullable=True)
-    if "numa_balancing" not in tuning.data:
-        balancing = 0
-    mrrs = tuning.get_int(
-        "pcie_max_read_request", MRRS_SIZES[0], MRRS_SIZES[-1], choices=MRRS_SIZES, nullable=True
-    )
-    return TuningSpec(balancing, mrrs)
+    return TuningSpec(tuple((t.key, read_one_tuning(tuning, t)) for t in TUNINGS))
+
+
+def read_one_tuning(tuning: Section, t: Tuning) -> int | str | None:
+    if t.key not in tuning.data:
+        return t.default
+    if tuning.data[t.key] is None:
+        return None
+    if all(isinstance(v, str) for v in t.values):
+        return tuning.get_choice(t.key, [str(v) for v in t.values])
+    ints = [v for v in t.values if isinstance(v, int)]
+    lo, hi = min(ints), max(ints)
+    ranged = ints == list(range(lo, hi + 1))
+    return tuning.get_int(t.key, lo, hi, choices=() if ranged else ints, nullable=True)
 
 
 def read_shm(root: Section) -> ShmSpec:

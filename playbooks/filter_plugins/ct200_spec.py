@@ -11,9 +11,11 @@ Valid: one mapping for the play to export to the other plays:
   host_chain     the host's boot units this spec installs, in start order: [{name, unit}]
   device_nodes   the host's nodes the container is given (GpuSpec.device_nodes)
   mrrs           the PCIe MRRS sizes and their Device Control codes: [{bytes, code}]
+  tunings        every host tuning of ct200_tools.tunings with this spec's value (null: not
+                 managed), how the host applies it, and for sysfs its glob and tmpfiles line
   paths          where ct200-tools reads and writes on the machines, as its code names them:
                  spec (/etc/ct200/site.yml), serving (serving.json), textfile and host_textfile
-                 (the boot reports)
+                 (the boot reports), tmpfiles (the host's sysfs tunings, systemd-tmpfiles lines)
 Invalid: the task fails with every issue (path, message, fix), one a line; no ct200_site (null):
 with where to put it.
 """
@@ -25,7 +27,7 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from ct200_tools import units
+from ct200_tools import tunings, units
 from ct200_tools.host import chain as hostchain
 from ct200_tools.serve import chain
 from ct200_tools.serve.serving import STATE_PATH
@@ -78,11 +80,13 @@ def ct200_validate_spec(text: object) -> dict[str, Any]:
         "host_chain": units.host_chain(spec),
         "device_nodes": list(spec.gpus.device_nodes),
         "mrrs": [{"bytes": size, "code": mrrs_code(size)} for size in MRRS_SIZES],
+        "tunings": tunings.export(spec.tuning.plain()),
         "paths": {
             "spec": DEFAULT_SPEC_PATH,
             "serving": STATE_PATH,
             "textfile": chain.TEXTFILE,
             "host_textfile": hostchain.TEXTFILE,
+            "tmpfiles": tunings.TMPFILES_FILE,
         },
     }
 

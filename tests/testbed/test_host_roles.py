@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 from tbharness import REPO, AnsibleRun, Bed, Converged, diff, snapshot
 
+from ct200_tools.tunings import TMPFILES_FILE
 from testbed import units
 from testbed.machine import hostname
 
@@ -310,7 +311,8 @@ def restore(bed: Bed, conf_200: str) -> None:
         " rm -f /etc/systemd/system/ct200-host-devices.service"
         " /etc/systemd/system/ct200-pcie-tune.service /usr/local/sbin/ct200-host-devices"
         " /usr/local/sbin/ct200-pcie-tune /etc/modules-load.d/ct200-nvidia.conf"
-        f" /etc/sysctl.d/60-ct200.conf /etc/systemd/system/{REPORT_UNIT} {HOST_CHAIN}"
+        f" /etc/sysctl.d/60-ct200.conf {TMPFILES_FILE} /etc/systemd/system/{REPORT_UNIT}"
+        f" {HOST_CHAIN}"
         f" {HOST_TEXTFILE}; rm -rf /usr/local/lib/ct200-host;"
         f" rm -rf /etc/ct200 {WORK}; rm -f /etc/pve/lxc/2[1-9][0-9].conf;"
         " systemctl daemon-reload",

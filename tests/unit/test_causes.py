@@ -18,11 +18,14 @@ from pathlib import Path
 import pytest
 
 from ct200_tools.doctor.checks import run_checks
+from ct200_tools.doctor.checks.base import Finding
 from ct200_tools.doctor.checks.causes import CAUSES
+from ct200_tools.doctor.checks.tune import JUDGES
 from ct200_tools.doctor.probes.cuda import summarise
 from ct200_tools.doctor.report import Exit, Header, exit_code, render_text, root_causes
 from ct200_tools.facts import CudaFacts, DevNode, Facts, loads
-from ct200_tools.spec import SiteSpec, load_spec
+from ct200_tools.spec import SiteSpec, TuningSpec, load_spec
+from ct200_tools.tunings import TUNINGS, Tuning
 from tests.unit import host_helpers as hh
 from tests.unit import server_facts as sf
 
@@ -463,12 +466,46 @@ def test_one_root_per_fault_and_the_roots_fix(name: str) -> None:
     assert exit_code(findings) == Exit.FAILURES
 
 
+def drift(t: Tuning) -> list[Finding]:
+    """A tuning read generically (sysfs, or a sysctl without a fact of its own) wrong both in
+    the container and on the host (ct200-ct-with-host.json, at another of its values than the
+    spec's): the run's findings."""
+    f = recorded("ct200-ct-with-host")
+    assert f.kernel is not None and f.host is not None and f.host.kernel is not None
+    want, other = t.values[0], t.values[1]
+    items = {t.sysctl: str(other)} if t.sysctl else {"item0": str(other), "item1": str(other)}
+    wrong = {t.key: items}
+    f = dataclasses.replace(
+        f,
+        kernel=dataclasses.replace(f.kernel, tunings=wrong),
+        host=dataclasses.replace(f.host, kernel=dataclasses.replace(f.host.kernel, tunings=wrong)),
+    )
+    values = {**spec("ct200").tuning.plain(), t.key: want}
+    site = dataclasses.replace(spec("ct200"), tuning=TuningSpec(tuple(values.items())))
+    return run_checks(f, site)
+
+
+#: The tunings judged by their kind's generic judgement from kernel.tunings: their rules need
+#: no case of their own.
+GENERIC = [t for t in TUNINGS if t.key not in JUDGES and t.fact is None]
+
+
+@pytest.mark.parametrize("t", GENERIC, ids=[t.key for t in GENERIC])
+def test_a_tuning_wrong_on_the_host_is_the_containers_root(t: Tuning) -> None:
+    got = {f.id: f for f in drift(t)}
+    here, host = got[f"tune.{t.check}"], got[f"host.{t.check}"]
+    assert (here.status, host.status) == ("fail", "fail"), (here, host)
+    assert host.caused_by is None and here.caused_by == f"host.{t.check}"
+    assert here.remediation == host.remediation and host.remediation is not None
+    assert host.remediation.where == "host"
+
+
 def test_every_rule_links_in_some_case() -> None:
     """The table is data: each rule is shown to link, on recorded or derived facts."""
     linked = {
         (f.id, f.caused_by)
-        for case in CASES.values()
-        for f in case.run()
+        for findings in [*(case.run() for case in CASES.values()), *map(drift, GENERIC)]
+        for f in findings
         if f.status == "fail" and f.caused_by
     }
     # A link through a chain names the end root; rules whose root is itself a consequence

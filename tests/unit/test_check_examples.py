@@ -6,7 +6,9 @@ tests/fixtures/facts, a few edits on it (`set`/`delete`, JSON Pointer paths), th
 and the verdict (status, summary, fix) that the check must give. This test finds them all, runs
 each one through the check unit, and keeps the set whole (as ansible-lint's test does for its
 rules): one file per registered check, each naming its check, names unique and well formed,
-a pass and a failure for every check. The format: ct200_tools/doctor/checks/examples/README.md.
+a pass and a failure for every check. Examples edit the spec as they edit the facts
+(`spec_set`/`spec_delete`), so no check's example needs a change to the shared example site.
+The format: ct200_tools/doctor/checks/examples/README.md.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import yaml
 from ct200_tools.doctor.checks import BY_ID, CHECK_IDS
 from ct200_tools.doctor.checks.base import STATUSES, Context, run_check
 from ct200_tools.facts import Facts, loads
-from ct200_tools.spec import SiteSpec, load_spec
+from ct200_tools.spec import SiteSpec, load_spec, validate
+from ct200_tools.spec.files import from_file, from_inventory
 
 ROOT = Path(__file__).parents[2]
 EXAMPLES = ROOT / "ct200_tools" / "doctor" / "checks" / "examples"
@@ -43,7 +46,10 @@ FACT_SECTIONS = (
     "host",
 )
 FILE_KEYS = {"check", "examples"}
-EXAMPLE_KEYS = {"name", "about", "facts", "set", "delete", "spec", "enabled", "expect"}
+EXAMPLE_KEYS = {
+    *("name", "about", "facts", "set", "delete"),
+    *("spec", "spec_set", "spec_delete", "enabled", "expect"),
+}
 EXPECT_KEYS = {
     *("status", "summary", "evidence", "caused_by"),
     *("action", "where", "command", "config", "file", "tag"),
@@ -87,7 +93,7 @@ def _step(parent: Any, token: str) -> Any:
 
 
 def _pointer(doc: Any, pointer: str) -> tuple[Any, str]:
-    """The container and last token of a JSON Pointer (RFC 6901) into the facts document."""
+    """The container and last token of a JSON Pointer (RFC 6901) into a facts or spec document."""
     assert pointer.startswith("/"), f"{pointer!r}: a JSON Pointer starts with /"
     tokens = [t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/")]
     for token in tokens[:-1]:
@@ -95,27 +101,47 @@ def _pointer(doc: Any, pointer: str) -> tuple[Any, str]:
     return doc, tokens[-1]
 
 
-def example_facts(ex: dict[str, Any]) -> Facts:
-    """The base facts file with the example's edits, read as `check --facts` reads a file."""
-    doc = copy.deepcopy(base_facts(ex["facts"]))
-    for pointer, value in (ex.get("set") or {}).items():
+def edited(doc: Any, ex: dict[str, Any], set_key: str, delete_key: str) -> Any:
+    """A copy of a document (facts or spec) with the example's JSON Pointer edits."""
+    doc = copy.deepcopy(doc)
+    for pointer, value in (ex.get(set_key) or {}).items():
         parent, last = _pointer(doc, pointer)
         if isinstance(parent, list):
             parent[int(last)] = value
         else:
             parent[last] = value
-    for pointer in ex.get("delete") or ():
+    for pointer in ex.get(delete_key) or ():
         parent, last = _pointer(doc, pointer)
         _step(parent, last)  # a delete of what is not there is a mistake in the example
         del parent[int(last) if isinstance(parent, list) else last]
-    return loads(json.dumps(doc))
+    return doc
+
+
+def example_facts(ex: dict[str, Any]) -> Facts:
+    """The base facts file with the example's edits, read as `check --facts` reads a file."""
+    return loads(json.dumps(edited(base_facts(ex["facts"]), ex, "set", "delete")))
+
+
+@functools.cache
+def spec_data(rel: str) -> tuple[Any, str]:
+    """The spec's mapping (under ct200_site) as written, before validation, and its source."""
+    path = ROOT / rel
+    return from_inventory(path) if path.is_dir() else from_file(path)
 
 
 def example_spec(ex: dict[str, Any]) -> SiteSpec | None:
-    """The spec file; `enabled` lists the servers enabled instead of the file's choice."""
+    """The spec file, with the example's edits (`spec_set`/`spec_delete`, JSON Pointers into
+    the mapping under ct200_site, validated as a spec file is: a check's example sets the spec
+    it needs here, never in the shared example inventory); `enabled` lists the servers enabled
+    instead of the file's choice."""
     if ex.get("spec") is None:
+        assert not ex.get("spec_set") and not ex.get("spec_delete"), "edits of no spec"
         return None
-    spec = spec_at(ex["spec"])
+    if ex.get("spec_set") or ex.get("spec_delete"):
+        data, source = spec_data(ex["spec"])
+        spec = validate(edited(data, ex, "spec_set", "spec_delete"), source)
+    else:
+        spec = spec_at(ex["spec"])
     if "enabled" in ex:
         on = set(ex["enabled"])
         assert on <= {s.name for s in spec.servers}, ex["enabled"]
@@ -215,3 +241,25 @@ def test_a_wrong_expectation_fails() -> None:
         wrong = {**ex, "expect": {**ex["expect"], **changed}}
         with pytest.raises(AssertionError):
             test_example(cid, wrong)
+
+
+def test_a_spec_edit_changes_the_verdict_and_a_bad_one_is_refused() -> None:
+    """spec_set reaches the check (the same facts, another verdict) and is validated as a spec
+    file is: an edit that makes no valid spec fails the example, it is never ignored."""
+    from ct200_tools.spec import SpecError  # noqa: PLC0415 - beside its use
+
+    base = {
+        "name": "pass-x",
+        "facts": FACTS_DIR + "ct200-ct-healthy.json",
+        "spec": "inventory/ct200",
+    }
+    check = BY_ID["tune.numa_balancing"]
+    assert run_check(check, Context(example_facts(base), example_spec(base))).status == "pass"
+    wants_1 = {**base, "spec_set": {"/tuning/numa_balancing": 1}}
+    got = run_check(check, Context(example_facts(wants_1), example_spec(wants_1)))
+    assert (got.status, got.summary) == ("fail", "kernel.numa_balancing = 0, the spec wants 1")
+    with pytest.raises(SpecError) as bad:
+        example_spec({**base, "spec_set": {"/tuning/numa_balancing": 7}})
+    assert [i.path for i in bad.value.issues] == ["tuning.numa_balancing"], bad.value.issues
+    no_tuning = {**base, "spec_delete": ["/tuning"]}
+    assert example_spec(no_tuning) is not None

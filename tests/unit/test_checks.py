@@ -244,13 +244,16 @@ def test_ids_unique_well_formed_and_documented() -> None:
     # The exact set of checks is kept by their example files (test_check_examples.py): a check
     # added without its <id>.yml, or dropped from the registry with it left behind, fails there.
     assert docs == render(), "docs/checks.md is stale: run make docs"
+    # A unit is a module-level Check, or one of a module-level tuple of them (the tunings'
+    # checks, made from ct200_tools.tunings in tune.py and host.py).
     units = {
-        obj.id
+        unit.id
         for module in pkgutil.iter_modules(checks_pkg.__path__)
         for obj in vars(
             importlib.import_module(f"ct200_tools.doctor.checks.{module.name}")
         ).values()
-        if isinstance(obj, Check)
+        for unit in (obj if isinstance(obj, tuple) else (obj,))
+        if isinstance(unit, Check)
     }
     assert units == set(CHECK_IDS), "a check unit is defined but not in the registry"
 

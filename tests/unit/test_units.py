@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from ct200_tools import units
+from ct200_tools import tunings, units
 from ct200_tools.host import chain as hostchain
 from ct200_tools.serve import chain
 from ct200_tools.serve.serving import STATE_PATH
@@ -238,9 +238,12 @@ ROLE_VARS = [
     "host_devices_nodes",
     "host_tuning_unit",
     "host_tuning_after_unit",
-    "host_tuning_numa_balancing",
+    "host_tuning_sysctl",
     "host_tuning_pcie_max_read_request",
     "host_tuning_mrrs",
+    "host_tuning_tunings",
+    "host_tuning_sysfs",
+    "host_tuning_tmpfiles_file",
     "host_boot_report_unit",
     "host_boot_report_steps",
     "lxc_passthrough_enabled",
@@ -333,9 +336,26 @@ def test_the_roles_read_the_list_the_table_and_the_nodes_from_the_validate_play(
         "host_devices_nodes": list(spec.gpus.device_nodes),
         "host_tuning_unit": units.PCIE_TUNE.name(),
         "host_tuning_after_unit": units.HOST_DEVICES.name(),
-        "host_tuning_numa_balancing": 0,
+        "host_tuning_sysctl": [
+            {
+                "key": "numa_balancing",
+                "value": 0,
+                "apply": "sysctl",
+                "why": tunings.BY_KEY["numa_balancing"].why,
+                "sysctl": "kernel.numa_balancing",
+                "line": "kernel.numa_balancing = 0",
+            }
+        ],
         "host_tuning_pcie_max_read_request": 1024,
         "host_tuning_mrrs": validated["mrrs"],
+        # The tunings' table with this spec's values, as roles/host_tuning applies them.
+        "host_tuning_tunings": tunings.export(spec.tuning.plain()),
+        "host_tuning_sysfs": [
+            t
+            for t in tunings.export(spec.tuning.plain())
+            if t["apply"] == "sysfs" and t["value"] is not None
+        ],
+        "host_tuning_tmpfiles_file": tunings.TMPFILES_FILE,
         "host_boot_report_unit": units.HOST_BOOT_REPORT.name(),
         "host_boot_report_steps": units.host_chain(spec),
         "lxc_passthrough_enabled": True,

@@ -20,6 +20,7 @@ from ct200_tools.doctor.checks import dev, server
 from ct200_tools.doctor.checks.base import Context
 from ct200_tools.doctor.checks.gpu import node_problems_of
 from ct200_tools.host import pvecfg
+from ct200_tools.tunings import TUNINGS
 
 
 @dataclass(frozen=True)
@@ -338,19 +339,9 @@ CAUSES += (
         "the host's module is not this machine's userspace driver version (check --host)",
         _always,
     ),
-    Cause(
-        "tune.pcie_mrrs",
-        "host.pcie_mrrs",
-        "the host's full config space shows the wrong MRRS (check --host)",
-        _always,
-    ),
-    Cause(
-        "tune.numa_balancing",
-        "host.numa_balancing",
-        "the host's sysctl is wrong (check --host)",
-        _always,
-    ),
 )
+#: Each tuning's container-side failure is the host's (ct200_tools.tunings: its cause text).
+CAUSES += tuple(Cause(f"tune.{t.check}", f"host.{t.check}", t.cause, _always) for t in TUNINGS)
 
 
 def _a_model_absent(ctx: Context) -> bool:

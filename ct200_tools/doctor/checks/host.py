@@ -1,9 +1,10 @@
 """host.*: the PVE host as `check --host HOST` reads it (over SSH, or `--host local` on the host
-itself): its NVIDIA modules and nodes, MRRS from the full config space, NUMA balancing, ACS on
-the bridges above the GPUs, the IOMMU mode, and its driver against the container's.
+itself): its NVIDIA modules and nodes, each host tuning of ct200_tools.tunings (MRRS from the
+full config space, NUMA balancing, ...), ACS on the bridges above the GPUs, the IOMMU mode, and
+its driver against the container's.
 
 Without --host they skip (host.iommu then reads this machine's command line: in an LXC
-container /proc/cmdline is the host's). The MRRS and NUMA judgements are tune.*'s own, fed the
+container /proc/cmdline is the host's). The tunings' judgements are tune.*'s own, fed the
 host's facts: the same fix, so the container's tune.* findings point here (checks/causes.py).
 """
 
@@ -11,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ct200_tools.doctor.checks import dev
+from ct200_tools.doctor.checks import dev, tune
 from ct200_tools.doctor.checks.base import (
+    Check,
     Context,
     Outcome,
     Remedy,
@@ -23,9 +25,9 @@ from ct200_tools.doctor.checks.base import (
     plural,
     skipped,
 )
-from ct200_tools.doctor.checks.tune import judge_mrrs, judge_numa_balancing
 from ct200_tools.doctor.probes.pci import ACS_REDIRECT
 from ct200_tools.facts import HostFacts
+from ct200_tools.tunings import TUNINGS, Tuning
 from ct200_tools.units import HOST_DEVICES
 
 #: Why a host check skipped: the host was not read.
@@ -153,42 +155,21 @@ def check_host_nodes(ctx: Context) -> Outcome:
     )
 
 
-@check(
-    "host.pcie_mrrs",
-    "PCIe Max Read Request on the host",
-    "error",
-    needs=("host",),
-    needs_spec=True,
-    tags=("host_tuning",),
-    gpu_only=True,
-)
-def check_host_mrrs(ctx: Context) -> Outcome:
-    """tune.pcie_mrrs on the host, from each GPU's full config space (root there reads all 4096
-    bytes; a container sees only the 64-byte header). ct200-pcie-tune.service re-applies it at
-    every boot with a masked setpci write."""
-    h = host_of(ctx)
-    if h is None:
-        return no_host(ctx)
-    return judge_mrrs(ctx, h.pci, ctx.unreadable("host.pci"), host_side(ctx))
+def host_tuning_check(t: Tuning) -> Check:
+    """host.<check> of a tuning: tune.<check>'s judgement fed the host's facts, its fix applied
+    on the host."""
+
+    def fn(ctx: Context) -> Outcome:
+        h = host_of(ctx)
+        if h is None:
+            return no_host(ctx)
+        return tune.judge(ctx, t, tune.on_host(ctx, t, h), host_side(ctx))
+
+    return tune.made(t, "host", f"{t.title} on the host", t.host_doc, ("host",), __name__, fn)
 
 
-@check(
-    "host.numa_balancing",
-    "NUMA balancing on the host",
-    "error",
-    needs=("host",),
-    needs_spec=True,
-    tags=("host_tuning",),
-)
-def check_host_numa_balancing(ctx: Context) -> Outcome:
-    """tune.numa_balancing on the host, where the sysctl is set (/etc/sysctl.d by the
-    host_tuning tag)."""
-    h = host_of(ctx)
-    if h is None:
-        return no_host(ctx)
-    return judge_numa_balancing(
-        ctx, h.kernel, ctx.unreadable("host.kernel.numa_balancing"), host_side(ctx)
-    )
+#: host.<check> of every tuning (ct200_tools.tunings), in the table's order.
+TUNING_CHECKS: tuple[Check, ...] = tuple(host_tuning_check(t) for t in TUNINGS)
 
 
 @check(

@@ -1,9 +1,21 @@
-"""tune.*: host tunings that must hold before benchmarks: NUMA balancing, PCIe MRRS."""
+"""tune.*: the host tunings that must hold before benchmarks, one check per entry of
+ct200_tools.tunings (tune.<check>, and host.<check> in checks/host.py), made here from the entry.
+
+A sysctl or sysfs tuning is judged by its kind's one judgement (the kernel's value, or every
+item's, is the spec's); a tuning whose judgement needs code registers it in JUDGES beside its
+function: MRRS (each GPU's config space, set by a boot unit of its own).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import cast
+
 from ct200_tools.doctor.checks.base import (
+    Check,
     Context,
+    FactName,
     Outcome,
     Remedy,
     Where,
@@ -13,76 +25,85 @@ from ct200_tools.doctor.checks.base import (
     plural,
     skipped,
 )
-from ct200_tools.facts import KernelFacts, PciFacts
-from ct200_tools.spec import mrrs_code
+from ct200_tools.facts import HostFacts, KernelFacts, PciFacts
+from ct200_tools.tunings import (
+    SYSCTL_FILE,
+    TMPFILES_FILE,
+    TUNINGS,
+    Tuning,
+    mrrs_code,
+    sysctl_line,
+    tmpfiles_line,
+)
 from ct200_tools.units import PCIE_TUNE
 
-#: The file roles/host_tuning persists the sysctl in (host_tuning_sysctl_file).
-SYSCTL_FILE = "/etc/sysctl.d/60-ct200.conf"
+#: A tuning's judgement: (ctx, the tuning, its side's facts, why unreadable, where the fix goes).
+Judge = Callable[[Context, Tuning, "Seen", Where], Outcome]
+#: How many wrong items a failure lists.
+MAX_LISTED = 8
 
 
-@check(
-    "tune.numa_balancing",
-    "NUMA balancing",
-    "error",
-    needs=("kernel",),
-    needs_spec=True,
-    tags=("host_tuning",),
-)
-def check_numa_balancing(ctx: Context) -> Outcome:
-    """kernel.numa_balancing equals tuning.numa_balancing (0: the workload is NUMA-pinned
-    already). Host sysctl; read-only inside a container."""
-    k = ctx.facts.kernel
-    return judge_numa_balancing(ctx, k, ctx.unreadable("kernel.numa_balancing"), ctx.host_where)
+@dataclass(frozen=True)
+class Seen:
+    """One side's facts for a tuning (this machine's for tune.*, the host's for host.*): its
+    kernel and PCI facts, and why what the tuning reads was not read."""
+
+    kernel: KernelFacts | None
+    pci: tuple[PciFacts, ...] | None
+    why: str | None
 
 
-def judge_numa_balancing(
-    ctx: Context, k: KernelFacts | None, why_unreadable: str | None, where: Where
-) -> Outcome:
-    """tune.numa_balancing's judgement, on this machine's kernel or the host's (host.*)."""
-    want = ctx.site.tuning.numa_balancing
+def here(ctx: Context, t: Tuning) -> Seen:
+    keys = ("pci",) if t.apply == "unit" else (f"kernel.{t.key}", f"kernel.tuning.{t.key}")
+    return Seen(ctx.facts.kernel, ctx.facts.pci, ctx.unreadable(*keys))
+
+
+def on_host(ctx: Context, t: Tuning, h: HostFacts) -> Seen:
+    keys = (
+        ("host.pci",)
+        if t.apply == "unit"
+        else (
+            f"host.kernel.{t.key}",
+            f"host.kernel.tuning.{t.key}",
+        )
+    )
+    return Seen(h.kernel, h.pci, ctx.unreadable(*keys))
+
+
+def judge_sysctl(ctx: Context, t: Tuning, seen: Seen, where: Where) -> Outcome:
+    """A sysctl tuning: the kernel's value is the spec's. The host's sysctl, read only in a
+    container: the fix is the host's (sysctl -w now, a sysctl.d line for every boot)."""
+    want = ctx.site.tuning.value(t.key)
     if want is None:
-        return skipped("tuning.numa_balancing not managed by the spec")
-    have = k.numa_balancing if k else None
+        return skipped(f"tuning.{t.key} not managed by the spec")
+    name = t.sysctl or t.key
+    k = seen.kernel
+    have: object = None
+    if k is not None:
+        have = getattr(k, t.fact) if t.fact else (k.tunings.get(t.key) or {}).get(name)
     if have is None:
-        return skipped("kernel.numa_balancing not readable", why_unreadable or "")
-    if have == want:
-        return passed(f"kernel.numa_balancing = {have}")
+        return skipped(f"{name} not readable", seen.why or "")
+    if str(have) == str(want):
+        return passed(f"{name} = {have}")
     return failed(
-        f"kernel.numa_balancing = {have}, the spec wants {want}",
+        f"{name} = {have}, the spec wants {want}",
         Remedy(
             "set the host sysctl now and persist it for every boot (a container cannot change it)",
             where,
-            f"sysctl -w kernel.numa_balancing={want}",
-            "host_tuning",
-            (f"kernel.numa_balancing = {want}",),
+            f"sysctl -w {name}={want}",
+            t.tag,
+            (sysctl_line(t, want),),
             SYSCTL_FILE,
         ),
     )
-
-
-@check(
-    "tune.pcie_mrrs",
-    "PCIe Max Read Request",
-    "error",
-    needs=("pci", "kernel"),
-    needs_spec=True,
-    tags=("host_tuning",),
-    gpu_only=True,
-)
-def check_mrrs(ctx: Context) -> Outcome:
-    """Each GPU's Device Control MRRS equals tuning.pcie_max_read_request. Config space resets
-    at reboot and GPU reset, so a boot unit re-applies it. Skipped where only the 64-byte header
-    is readable (unprivileged container)."""
-    return judge_mrrs(ctx, ctx.facts.pci, ctx.unreadable("pci"), ctx.host_where)
 
 
 def judge_mrrs(
     ctx: Context, pci: tuple[PciFacts, ...] | None, why_unreadable: str | None, where: Where
 ) -> Outcome:
     """tune.pcie_mrrs's judgement, on this machine's config space or the host's (host.*)."""
-    want = ctx.site.tuning.pcie_max_read_request
-    if want is None:
+    want = ctx.site.tuning.value("pcie_max_read_request")
+    if not isinstance(want, int):
         return skipped("tuning.pcie_max_read_request not managed by the spec")
     if pci is None:
         return skipped("PCI facts not read", why_unreadable or "")
@@ -111,3 +132,92 @@ def judge_mrrs(
         ),
         *evidence,
     )
+
+
+def judge_sysfs(ctx: Context, t: Tuning, seen: Seen, where: Where) -> Outcome:
+    """A sysfs tuning: every item (CPU, device) shows the spec's value. No file here (a CPU
+    without cpufreq: a VM) cannot be judged: a skip that says so, never a failure."""
+    want = ctx.site.tuning.value(t.key)
+    if want is None:
+        return skipped(f"tuning.{t.key} not managed by the spec")
+    if t.sysfs is None:  # the table's test pairs apply "sysfs" with a path
+        raise ValueError(f"tuning.{t.key}: apply sysfs without a sysfs path")
+    noun = t.sysfs.noun
+    got = (seen.kernel.tunings if seen.kernel else {}).get(t.key)
+    if not got:
+        return skipped(
+            f"{t.sysfs.file} cannot be read here: no {noun} has {t.sysfs.glob} "
+            f"(no {t.sysfs.file.split('/')[0]} driver, e.g. a VM)",
+            seen.why or "",
+        )
+    wrong = {item: v for item, v in got.items() if v != str(want)}
+    leaf = t.sysfs.file.rsplit("/", 1)[-1]
+    if not wrong:
+        return passed(f"{leaf} = {want} on every {noun} ({plural(len(got), noun)})")
+    listed = [f"{item}: {v}" for item, v in list(wrong.items())[:MAX_LISTED]]
+    if len(wrong) > MAX_LISTED:
+        listed.append(f"and {len(wrong) - MAX_LISTED} more")
+    return failed(
+        f"{leaf} is not {want} on {len(wrong)} of {plural(len(got), noun)}",
+        Remedy(
+            "set it now and at every boot with a systemd-tmpfiles line (a container cannot "
+            "write the host's sysfs)",
+            where,
+            f"systemd-tmpfiles --create {TMPFILES_FILE}",
+            t.tag,
+            (tmpfiles_line(t, want),),
+            TMPFILES_FILE,
+        ),
+        *listed,
+    )
+
+
+def _mrrs(ctx: Context, t: Tuning, seen: Seen, where: Where) -> Outcome:
+    return judge_mrrs(ctx, seen.pci, seen.why, where)
+
+
+#: The tunings whose judgement needs code, by key; the others' is their apply kind's.
+JUDGES: dict[str, Judge] = {"pcie_max_read_request": _mrrs}
+BY_APPLY: dict[str, Judge] = {"sysfs": judge_sysfs, "sysctl": judge_sysctl}
+
+
+def judge(ctx: Context, t: Tuning, seen: Seen, where: Where) -> Outcome:
+    return (JUDGES.get(t.key) or BY_APPLY[t.apply])(ctx, t, seen, where)
+
+
+def made(
+    t: Tuning,
+    prefix: str,
+    title: str,
+    doc: str,
+    needs: tuple[str, ...],
+    module: str,
+    fn: Callable[[Context], Outcome],
+) -> Check:
+    """A tuning's check unit, as @check makes one, shown as its prefix module's."""
+    fn.__doc__, fn.__module__, fn.__name__ = doc, module, f"check_{prefix}_{t.check}"
+    return check(
+        f"{prefix}.{t.check}",
+        title,
+        "error",
+        needs=cast(tuple[FactName, ...], needs),
+        needs_spec=True,
+        tags=(t.tag,),
+        gpu_only=t.gpu_only,
+    )(fn)
+
+
+def tune_check(t: Tuning) -> Check:
+    return made(
+        t,
+        "tune",
+        t.title,
+        t.doc,
+        t.needs,
+        __name__,
+        lambda ctx: judge(ctx, t, here(ctx, t), ctx.host_where),
+    )
+
+
+#: tune.<check> of every tuning, in the table's order.
+CHECKS: tuple[Check, ...] = tuple(tune_check(t) for t in TUNINGS)
