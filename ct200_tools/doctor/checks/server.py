@@ -135,26 +135,14 @@ def _install_engine_fix(ctx: Context, s: ServerSpec, python: str) -> Remedy:
 
 
 def _missing_fix(ctx: Context, s: ServerSpec, path: str) -> Remedy:
-    if engines.engine_module(s) is None:  # the program is the server itself
-        return Remedy(
-            f"install {path}, or fix command[0] of server {s.name} in the spec",
-            where(ctx),
-            None,
-        )
-    venv = s.env.get("VIRTUAL_ENV")
-    if venv:
-        return Remedy(
-            f"create the engine's venv at {venv} with {s.engine} in it, or set env VIRTUAL_ENV "
-            f"of server {s.name} to the venv that has it",
-            where(ctx),
-            f"python3 -m venv {venv} && {path} -m pip install {s.engine}",
-        )
-    return Remedy(
-        f"set env VIRTUAL_ENV of server {s.name} to the venv that has {s.engine} (the unit "
-        f"runs $VIRTUAL_ENV/bin/python), or install Python 3 at {path}",
-        where(ctx),
-        None,
-    )
+    """The engine's own words for a program that is not there (its module's missing_fix)."""
+    what, command = engines.kind(s).missing_fix(s, _where_in_spec(ctx, s), path)
+    return Remedy(what, where(ctx), command)
+
+
+def _where_in_spec(ctx: Context, s: ServerSpec) -> str:
+    servers = ctx.spec.servers if ctx.spec is not None else ()
+    return f"servers[{servers.index(s)}]" if s in servers else f"server {s.name}"
 
 
 def _judge_engine(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
@@ -167,7 +155,8 @@ def _judge_engine(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
             f"{what} {e.path!r} not found on PATH {engines.SYSTEMD_PATH_TEXT} (systemd's search "
             "path for ExecStart=, whatever the server's env sets PATH to)",
             Remedy(
-                f"install {e.path}, or give its absolute path as command[0] of server {s.name}",
+                f"install {e.path}, or give its absolute path in "
+                f"{_where_in_spec(ctx, s)}.command[0]",
                 where(ctx),
                 f"command -v {e.path}",
             ),
