@@ -112,6 +112,7 @@ class Preflight:
         kind = engines.kind(s)
         what, _ = kind.missing_fix(s, self.where, path)
         if kind.module is None:  # the program is the server itself
+            what = f"install the server's program there, or correct {self.where}.command[0]"
             if "/" not in path:
                 if find_program(path) is None:
                     dirs = engines.SYSTEMD_PATH_TEXT
@@ -119,7 +120,8 @@ class Preflight:
                         Problem(
                             "engine",
                             f"{path} is not in systemd's search path ({dirs})",
-                            f"give its absolute path, or install it in /usr/local/bin ({what})",
+                            f"give its absolute path in {self.where}.command[0], or install it "
+                            "in /usr/local/bin",
                         )
                     ]
                 return []
