@@ -162,6 +162,13 @@ class Engine:
         """The config file's content beside the argv (SGLang's --config YAML), or None."""
         return None
 
+    def served_name_fix(self, server: ServerSpec, want: str) -> str:
+        """How to make it serve under `want` (the doctor's server.models fix)."""
+        return (
+            f"the unit serves it under the spec's model name ({server.model}): restart it from "
+            "its unit"
+        )
+
     def check(self, draft: Draft, report: Report) -> None:
         """What this engine cannot do with the server's fields together (after each field
         was read): field paths and fixes, as the spec reports them."""
@@ -215,6 +222,12 @@ class PythonEngine(Engine):
 
     def served_name(self, server: ServerSpec) -> str:
         return args_served_name(server)
+
+    def served_name_fix(self, server: ServerSpec, want: str) -> str:
+        return (
+            "the unit passes --served-model-name from the spec (args.served-model-name, else "
+            "the model name)"
+        )
 
     def missing_fix(self, server: ServerSpec, where: str, path: str) -> tuple[str, str | None]:
         venv = server.env.get("VIRTUAL_ENV")

@@ -50,6 +50,9 @@ class Command(Engine):
                     return arg.split("=", 1)[1]
         return server.model
 
+    def served_name_fix(self, server: ServerSpec, want: str) -> str:
+        return f"put --alias {want} (llama.cpp) or --served-model-name {want} in command"
+
     def missing_fix(self, server: ServerSpec, where: str, path: str) -> tuple[str, str | None]:
         return f"install {path}, or fix command[0] of server {server.name} in the spec", None
 
