@@ -391,6 +391,8 @@ def read_speculative(server: Section, kind: EngineKind | None) -> SpeculativeSpe
     spec = section(server.issues, value, server.where("speculative"), examples, ("algorithm",))
     if spec is None:
         return None
+    if kind is not None and another_engines_algorithm(spec, kind):
+        return None
     algorithm = spec.get_choice("algorithm", grammar.algorithms, upper=grammar.upper)
     draft_model = spec.get_path("draft_model", nullable=True)
     values: dict[str, object] = {}
@@ -410,6 +412,32 @@ def read_speculative(server: Section, kind: EngineKind | None) -> SpeculativeSpe
         spec.issues.warn(spec.where("draft_model"), f"is ignored by {algorithm}", "remove it")
     budget, steps, topk, tokens = (_int(values.pop(k, None)) for k in ("budget", *SIZES))
     return SpeculativeSpec(algorithm, draft_model, budget, steps, topk, tokens, options=values)
+
+
+def another_engines_algorithm(spec: Section, kind: EngineKind) -> bool:
+    """An algorithm this engine lacks but another has (DFLASH with vLLM) is said so, with the
+    engines that have it; True when it was."""
+    raw, grammar = spec.data.get("algorithm"), kind.speculative
+    if not isinstance(raw, str) or grammar is None:
+        return False
+    norm = raw.upper() if grammar.upper else raw
+    if norm in grammar.algorithms:
+        return False
+    others = [
+        k.name
+        for k in KINDS.values()
+        if k.speculative is not None
+        and (raw.upper() if k.speculative.upper else raw) in k.speculative.algorithms
+    ]
+    if not others:
+        return False
+    spec.issues.error(
+        spec.where("algorithm"),
+        f"engine: {kind.name} has no {show(raw)} algorithm (it is {listing(others)}'s)",
+        f"use one of {listing(grammar.algorithms)} with {kind.name}, or engine: "
+        f"{' or '.join(others)}",
+    )
+    return True
 
 
 #: SpeculativeSpec's own sizing fields after budget (SGLang's names); other keys go in options.
