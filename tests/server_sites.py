@@ -1,9 +1,11 @@
 """Site specs with servers, shared by the unit tests of the server units and the testbed tests.
 
 - ``llama_site()``: the committed testbed spec (inventory/testbed) plus tiny llama.cpp models
-  and `command` servers running llama-server on the CPU, as tests/testbed/test_servers.py and
-  benchmarks/servers converge them. Each server stands for a case of issue 11: the server that
-  serves, a second set to switch to, a GPU server whose gate must fail here (no GPU), a bad flag,
+  and servers running llama-server on the CPU, as tests/testbed/test_servers.py and
+  benchmarks/servers converge them: `tiny`, the one that serves, is `engine: llamacpp` (as the
+  quickstart's), the others `command` servers (any argv: the quoting of a tricky alias, a bad
+  flag). Each server stands for a case of issue 11: the server that serves, a second set to
+  switch to, a GPU server whose gate must fail here (no GPU), a bad flag,
   a missing program, a model that cannot be staged, a taken port, a model too large to keep
   beside another in a small /dev/shm.
 - ``VARIANTS``: edits of the CT200 example's servers covering every engine and every speculative
@@ -65,6 +67,25 @@ def llama(
     return server
 
 
+def llamacpp(name: str, model_name: str, port: int, **extra: Any) -> dict[str, Any]:
+    """The same server as engine: llamacpp: its module renders -m, --alias (the model's name),
+    --host/--port, -np and --metrics from the spec."""
+    server: dict[str, Any] = {
+        "name": name,
+        "engine": "llamacpp",
+        "model": model_name,
+        "gpus": [],
+        "port": port,
+        "health": "/health",
+        "start_timeout": 120,
+        "enabled": False,
+        "command": [LLAMA],
+        "args": {"parallel": 2, "ctx-size": 512, "threads": 1, "no-webui": True},
+    }
+    server.update(extra)
+    return server
+
+
 #: Models whose persistent copies the testbed tests write (name -> seed of the tiny GGUF, and
 #: padding bytes beside it); "tiny-missing" is declared but never written.
 MODELS: Final = {
@@ -83,7 +104,7 @@ def llama_site(shm: bool = True) -> dict[str, Any]:
     if shm:
         site["shm"] = {"size": SHM_SIZE}
     site["servers"] = [
-        llama("tiny", "tiny-a", 8081, enabled=True),
+        llamacpp("tiny", "tiny-a", 8081, enabled=True),
         # The second serving set: the same port, so switching to it stops `tiny`.
         llama("tiny-b", "tiny-b", 8081, alias=TRICKY_ALIAS, env={"NCCL_DEBUG": "WARN"}),
         # One GPU (the testbed declares one, and has none): the doctor's gate fails it.

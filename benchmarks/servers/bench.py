@@ -6,7 +6,7 @@ the server's own start, and a switch between two serving sets, by step.
 
 Boots its own `ct` machine on a free test slot (1..8; slot 0 is left alone) and takes it down at
 the end. The server is llama.cpp's llama-server with a tiny GGUF (tests/server_sites.py), the
-`command` engine under the very unit template of the SGLang servers; the obvious alternative to
+`llamacpp` engine under the very unit template of the SGLang servers; the obvious alternative to
 a gated unit, the same unit without its ExecStartPre and ExecStartPost (a runtime drop-in), runs
 interleaved with it, the client polling /health itself.
 """

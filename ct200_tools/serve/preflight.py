@@ -16,15 +16,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ct200_tools.doctor.probes.engine import ENGINE_CHILD
+from ct200_tools.engines import ENGINE_CHILD
 from ct200_tools.provisioned import playbook_command
 from ct200_tools.serve import engines
 from ct200_tools.serve.systemd import Systemd, SystemdError
 from ct200_tools.spec import ModelSpec, ServerSpec, SiteSpec
 
-#: The doctor's engine probe's own child: finds the engine's top-level package without importing
-#: it (importing SGLang takes seconds); exit status 1 when it is not found. Run here in the
-#: unit's environment (not isolated, as the doctor runs it): what the engine will see.
+#: The doctor's engine probe's own child (ct200_tools.engines.base): finds the engine's
+#: top-level package without importing it (importing SGLang takes seconds); exit status 1
+#: when it is not found. Run here in the unit's environment (not isolated, as the doctor
+#: runs it): what the engine will see.
 FIND_MODULE: Final = ENGINE_CHILD
 FIND_TIMEOUT_S: Final = 60.0
 #: The nodes every CUDA process opens; /dev/nvidiaN is numbered by the driver's minor, not the
@@ -108,8 +109,10 @@ class Preflight:
     def program(self) -> list[Problem]:
         s = self.server
         path = engines.program(s)
-        if engines.engine_module(s) is None:  # the program is the server itself
-            fix = f"install the server's program there, or correct {self.where}.command[0]"
+        kind = engines.kind(s)
+        what, _ = kind.missing_fix(s, self.where, path)
+        if kind.module is None:  # the program is the server itself
+            what = f"install the server's program there, or correct {self.where}.command[0]"
             if "/" not in path:
                 if find_program(path) is None:
                     dirs = engines.SYSTEMD_PATH_TEXT
@@ -122,18 +125,9 @@ class Preflight:
                         )
                     ]
                 return []
-            return self._executable(path, fix)
+            return self._executable(path, what)
         venv = s.env.get("VIRTUAL_ENV")
-        if venv:
-            fix = (
-                f"install {s.engine} into {venv} ({self.where}.env.VIRTUAL_ENV), or point "
-                f"VIRTUAL_ENV at the venv that has it; {READABLE}"
-            )
-        else:
-            fix = (
-                f"install python3, or set {self.where}.env.VIRTUAL_ENV to the venv where "
-                f"{s.engine} is installed"
-            )
+        fix = f"{what}; {READABLE}" if venv else what
         problems = self._executable(path, fix)
         return problems or self._module(path, venv)
 

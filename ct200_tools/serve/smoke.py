@@ -3,7 +3,7 @@ answers its readiness path, then a real 1-token completion through its OpenAI AP
 
 One process for every server, so recover.yml proves health and a completion per server in one
 task instead of a readiness wait, a status read and a request per server (each its own SSH
-round trip). The completion is the doctor's own (probes.servers.generate).
+round trip). The completion is the doctor's own (ct200_tools.serverhttp.generate).
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ct200_tools.doctor.probes.base import Reader
-from ct200_tools.doctor.probes.servers import generate
+from ct200_tools import serverhttp
 from ct200_tools.facts import HttpFacts
 from ct200_tools.serve import engines
 from ct200_tools.serve.ready import Readiness, wait_ready
@@ -24,7 +23,7 @@ Complete = Callable[[str, str, str, float], HttpFacts]
 
 
 def _complete(base: str, served: str, prompt: str, timeout_s: float) -> HttpFacts:
-    return generate(Reader(), base, served, prompt, timeout_s)
+    return serverhttp.generate(serverhttp.request, base, served, prompt, timeout_s)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,10 @@ from ct200_tools.spec.sizes import format_size
 from ct200_tools.tunings import BY_KEY, TUNINGS, Value
 
 Passthrough = Literal["devn", "raw-lxc"]
-Engine = Literal["sglang", "vllm", "command"]
+#: An engine kind's name: one of ct200_tools.engines.ENGINES, which validation checks. Not a
+#: Literal: the kinds are the modules found there at run time, which a type checker cannot
+#: see, and a Literal written here would be a second list to keep (issue 30).
+Engine = str
 Severity = Literal["error", "warning"]
 
 #: Where the playbooks install the spec on every target; the doctor's default.
@@ -133,6 +136,8 @@ class SpeculativeSpec:
     num_steps: int | None = None
     eagle_topk: int | None = None
     num_draft_tokens: int | None = None
+    #: The engine's own keys beyond these (its module's Speculative.fields), written inline.
+    options: Mapping[str, object] = field(default_factory=dict, metadata={"inline": True})
 
 
 @dataclass(frozen=True)
@@ -140,7 +145,7 @@ class ServerSpec:
     name: str
     engine: Engine
     model: str
-    #: GPU indices (NVML/nvidia-smi order); empty only for engine command (a CPU server).
+    #: GPU indices (NVML/nvidia-smi order); empty only for an engine that runs on the CPU.
     gpus: tuple[int, ...]
     port: int
     #: Tensor-parallel size: len(gpus) (0 for a CPU server).
@@ -151,13 +156,13 @@ class ServerSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     #: Extra engine arguments, passed through as --key value.
     args: Mapping[str, object] = field(default_factory=dict)
-    #: engine "command" only: the argv to run.
+    #: The argv to run, for an engine that takes one (command).
     command: tuple[str, ...] = ()
     #: Seconds from `systemctl start` to serving before systemd gives up (TimeoutStartSec);
     #: None: from the model's size (ct200_tools.serve.engines.start_timeout).
     start_timeout: int | None = None
     #: The HTTP path that answers 200 once the server serves; None: the engine's own
-    #: (SGLang /health_generate, vLLM /v1/models, command /health).
+    #: (its module's ready_path).
     health: str | None = None
 
 
@@ -204,7 +209,14 @@ def _plain(value: object) -> object:
     if isinstance(value, TuningSpec):
         return value.plain()
     if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _field(f.metadata, getattr(value, f.name)) for f in fields(value)}
+        out: dict[str, object] = {}
+        for f in fields(value):
+            item = _field(f.metadata, getattr(value, f.name))
+            if f.metadata.get("inline") and isinstance(item, dict):
+                out.update(item)  # an engine's own keys sit beside the shared ones
+            else:
+                out[f.name] = item
+        return out
     if isinstance(value, tuple | list):
         return [_plain(v) for v in value]
     if isinstance(value, Mapping):

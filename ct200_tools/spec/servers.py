@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Final
 
+from ct200_tools.engines import ENGINES as KINDS
+from ct200_tools.engines.base import Engine as EngineKind
 from ct200_tools.spec.model import Engine, GpuSpec, ServerSpec, SpeculativeSpec
 from ct200_tools.spec.read import (
     Issues,
@@ -22,7 +24,6 @@ from ct200_tools.spec.read import (
     scalar_text,
     section,
     show,
-    subsection,
 )
 
 #: The most GPUs a spec declares (gpus.count), and so the longest list of GPU indices.
@@ -31,26 +32,11 @@ ENV_KEY_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ARG_KEY_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 #: One label of a host name (RFC 1123): letters, digits and inner hyphens, at most 63.
 LABEL_RE: Final = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
-ENGINES: Final[dict[str, Engine]] = {"sglang": "sglang", "vllm": "vllm", "command": "command"}
-ALGORITHMS: Final = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DDTREE")
-#: NEXTN drafts with the model's own MTP layers and NGRAM from the prompt: no separate drafter.
-NO_DRAFT_MODEL: Final = ("NGRAM", "NEXTN")
-EAGLE_FLAGS: Final = ("num_steps", "eagle_topk", "num_draft_tokens")
-#: The server unit renders these from the server's own fields; a second copy would fight it.
-RESERVED_ARGS: Final = frozenset(
-    {"model", "model-path", "tp", "tp-size", "tensor-parallel-size", "host", "port", "config"}
-    | {f"speculative-{k}" for k in ("config", "algorithm", "draft-model-path", "num-steps")}
-    | {f"speculative-{k}" for k in ("eagle-topk", "num-draft-tokens", "ddtree-budget")}
-)
+#: The spec's engine names: the engine modules' own (ct200_tools.engines), never written here.
+ENGINES: Final[tuple[Engine, ...]] = tuple(KINDS)
 RESERVED_ENV: Final = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"})
-#: What vLLM's --speculative-config calls each algorithm; DFLASH and DDTREE are SGLang's only.
-VLLM_METHODS: Final = {
-    "EAGLE": "eagle",
-    "EAGLE3": "eagle3",
-    "NEXTN": "mtp",
-    "STANDALONE": "draft_model",
-    "NGRAM": "ngram",
-}
+#: The engines whose servers may run on the CPU (gpus: []), for messages.
+CPU_ENGINES: Final = " or ".join(k.name for k in KINDS.values() if k.cpu_ok)
 #: start_timeout bounds (seconds): a minute at least, a day at most.
 START_TIMEOUT: Final = (60, 86_400)
 HEALTH_RE: Final = re.compile(r"^/[A-Za-z0-9._~!$&'()*+,;=:@/?-]{0,199}$")
@@ -71,13 +57,9 @@ SERVER: Final = {
     "start_timeout": "start_timeout: 1800",
     "health": "health: /health",
 }
-SPECULATIVE: Final = {
+SPECULATIVE_SHARED: Final = {
     "algorithm": "algorithm: EAGLE3",
     "draft_model": "draft_model: /dev/shm/models/kimi-k2.6-eagle3",
-    "budget": "budget: 15",
-    "num_steps": "num_steps: 3",
-    "eagle_topk": "eagle_topk: 1",
-    "num_draft_tokens": "num_draft_tokens: 4",
 }
 
 
@@ -86,14 +68,14 @@ def index_list(
 ) -> tuple[int, ...] | None:
     """Distinct GPU indices in 0..count-1; None when anything is wrong (already recorded).
 
-    Empty only where empty_ok (engine command: a server on the CPU, such as the testbed's)."""
+    Empty only where empty_ok (an engine that runs on the CPU, such as the testbed's)."""
     if not isinstance(value, list) or not (value or empty_ok) or len(value) > MAX_GPUS:
         issues.error(
             path,
             f"expected a non-empty list of at most {MAX_GPUS} GPU indices, got {kind(value)} "
             f"{show(value)}",
-            "write a list like [0, 1, 2, 3] (an empty list only with engine: command, for a "
-            "server that runs on the CPU)",
+            f"write a list like [0, 1, 2, 3] (an empty list only with engine: {CPU_ENGINES}, "
+            "for a server that runs on the CPU)",
         )
         return None
     good: list[int] = []
@@ -104,8 +86,8 @@ def index_list(
             issues.error(
                 at(path, i),
                 f"GPU {show(item)}, but the site has no GPU (gpus.count is 0)",
-                "give the server gpus: [] (engine: command, on the CPU), or declare the GPUs "
-                "in gpus.count",
+                f"give the server gpus: [] (engine: {CPU_ENGINES}, on the CPU), or declare "
+                "the GPUs in gpus.count",
             )
         elif count is not None and not 0 <= item < count:
             issues.error(
@@ -128,7 +110,7 @@ class Draft:
     name: str | None = None
     engine: Engine | None = None
     model: str | None = None
-    #: None until read without fault (an empty tuple is a CPU server's, engine command only).
+    #: None until read without fault (an empty tuple is a CPU server's: an engine's cpu_ok).
     gpus: tuple[int, ...] | None = None
     tp: int | None = None
     port: int | None = None
@@ -177,11 +159,12 @@ def read_server(issues: Issues, value: object, path: str, gpus: GpuSpec | None) 
     if server is None:
         return None
     draft = Draft(path, server.get_name("name"))
-    draft.engine = ENGINES.get(server.get_choice("engine", tuple(ENGINES)) or "")
+    draft.engine = server.get_choice("engine", ENGINES)
+    kind = KINDS.get(draft.engine or "")
     draft.model = server.get_str("model")
     if "gpus" in server.data:
         count = gpus.count if gpus else None
-        cpu_ok = draft.engine == "command"
+        cpu_ok = kind is not None and kind.cpu_ok
         where = server.where("gpus")
         draft.gpus = index_list(issues, server.data["gpus"], where, count, empty_ok=cpu_ok)
     draft.tp = server.get_int("tp", 0, MAX_GPUS)  # 0: a CPU server (gpus: []) written back
@@ -196,13 +179,14 @@ def read_server(issues: Issues, value: object, path: str, gpus: GpuSpec | None) 
     draft.host = read_host(server) or draft.host
     draft.enabled = server.get_bool("enabled") is not False
     draft.env = read_env(server)
-    draft.args = read_args(server, draft.engine)
-    draft.command = read_command(server, draft.engine)
-    draft.speculative = read_speculative(server, draft.engine)
+    draft.args = read_args(server, kind)
+    draft.command = read_command(server, kind)
+    draft.speculative = read_speculative(server, kind)
     # null is how spec_to_dict writes "the default".
     draft.start_timeout = server.get_int("start_timeout", *START_TIMEOUT, nullable=True)
     draft.health = read_health(server)
-    check_engine(server, draft)
+    if kind is not None:
+        kind.check(draft, server.issues)
     return draft
 
 
@@ -217,42 +201,6 @@ def read_health(server: Section) -> str | None:
         "spaces)",
     )
     return None
-
-
-def check_engine(server: Section, draft: Draft) -> None:
-    """What one engine cannot do with the rest of the server's fields."""
-    spec, where = draft.speculative, server.where("speculative")
-    if draft.engine == "vllm" and spec is not None:
-        if spec.algorithm not in VLLM_METHODS:
-            server.issues.error(
-                at(where, "algorithm"),
-                f"vLLM has no {spec.algorithm} method in --speculative-config (it is SGLang's)",
-                f"use engine: sglang, or one of {listing(VLLM_METHODS)} with vLLM",
-            )
-        if spec.eagle_topk not in (None, 1):
-            server.issues.error(
-                at(where, "eagle_topk"),
-                f"vLLM's --speculative-config drafts one chain; eagle_topk {spec.eagle_topk} is "
-                "SGLang's tree",
-                "set eagle_topk: 1 (num_steps becomes num_speculative_tokens), or use sglang",
-            )
-    page = draft.args.get("page-size", draft.args.get("page_size"))
-    if spec is not None and spec.algorithm == "DDTREE" and page not in (None, 1, "1"):
-        server.issues.error(
-            at(server.where("args"), "page-size"),
-            f"DDTREE requires page size 1, got {show(page)}",
-            "set args: {page-size: 1} (SGLang PR #29907), or another algorithm",
-        )
-    if draft.engine == "command" and draft.command and draft.port is not None:
-        port = str(draft.port)
-        if not any(port == a or a.endswith(("=" + port, ":" + port)) for a in draft.command):
-            server.issues.warn(
-                server.where("command"),
-                f"no argument of the command is the port {port}: readiness and the doctor "
-                f"look for the server on port {port}",
-                f"pass the port in the command, e.g. --port {port}, or set port: to the one "
-                "it listens on",
-            )
 
 
 def host_problem(host: str) -> str | None:
@@ -322,14 +270,15 @@ def read_env(server: Section) -> dict[str, str]:
     return env
 
 
-def read_args(server: Section, engine: Engine | None) -> dict[str, object]:
+def read_args(server: Section, kind: EngineKind | None) -> dict[str, object]:
     value = server.data.get("args")
     if value is None or value == {}:  # {} is how spec_to_dict writes "no args"
         return {}
-    if engine == "command":
+    if kind is not None and not kind.takes_args:
         server.issues.error(
-            server.where("args"), "is not used with engine: command", "put them in command"
+            server.where("args"), f"is not used with engine: {kind.name}", "put them in command"
         )
+    reserved = kind.reserved_args if kind is not None else frozenset()
     if not isinstance(value, dict):
         server.bad("args", value, "a mapping")
         return {}
@@ -340,7 +289,7 @@ def read_args(server: Section, engine: Engine | None) -> dict[str, object]:
             server.issues.error(
                 where, "is not a valid argument name", "write it without dashes, e.g. page-size"
             )
-        elif key.replace("_", "-").lower() in RESERVED_ARGS:
+        elif key.replace("_", "-").lower() in reserved:
             server.issues.error(
                 where,
                 "is set from the server's own fields",
@@ -376,22 +325,32 @@ def arg_value(item: object) -> object | None:
     return None
 
 
-def read_command(server: Section, engine: Engine | None) -> tuple[str, ...]:
+def read_command(server: Section, kind: EngineKind | None) -> tuple[str, ...]:
     value = server.data.get("command")
+    takes = kind.takes_command if kind is not None else "argv"
     if value is None or value == []:  # [] is how spec_to_dict writes "no command"
-        if engine == "command":
+        if takes == "argv" and kind is not None:
             server.issues.error(
                 server.where("command"),
-                "engine: command needs a command",
+                f"engine: {kind.name} needs a command",
                 f"add {SERVER['command']}",
             )
         return ()
-    if engine in ("sglang", "vllm"):
+    if kind is not None and takes == "none":
+        takers = listing(k.name for k in KINDS.values() if k.takes_command != "none")
         server.issues.error(
             server.where("command"),
-            f"command is only used with engine: command, not {engine}",
-            "remove command, or set engine: command",
+            f"command is not used with engine: {kind.name} (only with {takers})",
+            f"remove command, or set engine: {takers}",
         )
+    if kind is not None and takes == "program" and isinstance(value, list) and len(value) > 1:
+        server.issues.error(
+            server.where("command"),
+            f"engine: {kind.name} takes only its program here, got {len(value)} words",
+            "write command: [/path/to/program]; the engine's flags come from the server's "
+            "fields and args (or use engine: command for a whole argv)",
+        )
+        return ()
     argv = [scalar_text(v) for v in value] if isinstance(value, list) else []
     if not argv or None in argv or not argv[0]:
         server.bad("command", value, "a non-empty list of strings")
@@ -409,62 +368,84 @@ def read_command(server: Section, engine: Engine | None) -> tuple[str, ...]:
     return command if one_line(server.issues, server.where("command"), command) else ()
 
 
-def read_speculative(server: Section, engine: Engine | None) -> SpeculativeSpec | None:
-    spec = subsection(server, "speculative", SPECULATIVE, required=("algorithm",))
+def read_speculative(server: Section, kind: EngineKind | None) -> SpeculativeSpec | None:
+    """The server's speculative: block as its engine declares it (Speculative in
+    ct200_tools.engines.base); the engine's check() judges the values together."""
+    value = server.data.get("speculative")
+    if value is None:
+        return None
+    grammar = kind.speculative if kind is not None else None
+    if kind is not None and grammar is None:
+        takers = listing(k.name for k in KINDS.values() if k.speculative is not None)
+        server.issues.error(
+            server.where("speculative"),
+            f"is not used with engine: {kind.name}",
+            f"remove it (put the engine's own flags where it takes them), or use engine: {takers}",
+        )
+        return None
+    if grammar is None:  # the engine is unknown (reported): nothing to read it by
+        return None
+    if isinstance(value, dict):  # null is how spec_to_dict writes a key the block leaves unset
+        value = {k: v for k, v in value.items() if v is not None}
+    examples = {**SPECULATIVE_SHARED, **{k: f.example for k, f in grammar.fields.items()}}
+    spec = section(server.issues, value, server.where("speculative"), examples, ("algorithm",))
     if spec is None:
         return None
-    if engine == "command":
-        server.issues.error(
-            spec.path, "is not used with engine: command", "put the flags in command instead"
-        )
-    algorithm = spec.get_choice("algorithm", ALGORITHMS, upper=True)
+    if kind is not None and another_engines_algorithm(spec, kind):
+        return None
+    algorithm = spec.get_choice("algorithm", grammar.algorithms, upper=grammar.upper)
     draft_model = spec.get_path("draft_model", nullable=True)
-    budget = spec.get_int("budget", 1, 1024, nullable=True)
-    steps, topk, tokens = (spec.get_int(k, 1, 1024, nullable=True) for k in EAGLE_FLAGS)
-    check_speculative(spec, algorithm, steps, topk)
+    values: dict[str, object] = {}
+    for key, f in grammar.fields.items():
+        got = spec.get_bool(key) if f.type == "bool" else spec.get_int(key, f.lo, f.hi)
+        if got is not None:
+            values[key] = got
     if algorithm is None:
         return None
-    return SpeculativeSpec(algorithm, draft_model, budget, steps, topk, tokens)
-
-
-def check_speculative(
-    spec: Section, algorithm: str | None, steps: int | None, topk: int | None
-) -> None:
-    issues, given = spec.issues, [k for k in EAGLE_FLAGS if spec.has(k)]
-    if 0 < len(given) < len(EAGLE_FLAGS):
-        issues.error(
-            spec.path,
-            f"sets {listing(given)} but not {listing(k for k in EAGLE_FLAGS if k not in given)}: "
-            "setting some is the classic SGLang launch AssertionError",
-            "set all three of num_steps, eagle_topk and num_draft_tokens, or none (SGLang then "
-            "chooses them)",
-        )
-    if algorithm is None:
-        return
-    if algorithm not in NO_DRAFT_MODEL and not spec.has("draft_model"):
-        issues.error(
+    if algorithm not in grammar.no_draft_model and not spec.has("draft_model"):
+        spec.issues.error(
             spec.where("draft_model"),
-            f"{algorithm} needs a draft model (without one SGLang fails at launch or later)",
+            f"{algorithm} needs a draft model (without one the engine fails at launch or later)",
             "set draft_model to the drafter's absolute path, normally a model's staged path",
         )
-    if algorithm == "NGRAM" and spec.has("draft_model"):
-        issues.warn(spec.where("draft_model"), "is ignored by NGRAM", "remove draft_model")
-    if algorithm != "DDTREE" and spec.has("budget"):
-        issues.error(
-            spec.where("budget"),
-            f"budget only applies to DDTREE, not {algorithm}",
-            "remove budget, or set algorithm: DDTREE",
-        )
-    if algorithm == "DDTREE" and not spec.has("budget"):
-        issues.warn(
-            spec.path,
-            "DDTREE without budget runs with the build's default tree budget",
-            "set budget (15 was best for Qwen3.6 on CT200; larger trees leak state on hybrid "
-            "Mamba models)",
-        )
-    for key, value in (("num_steps", steps), ("eagle_topk", topk)):
-        if algorithm == "DFLASH" and value not in (None, 1):
-            issues.error(spec.where(key), f"DFLASH forces {key} to 1, got {value}", f"set {key}: 1")
+    if algorithm in grammar.draft_model_ignored and spec.has("draft_model"):
+        spec.issues.warn(spec.where("draft_model"), f"is ignored by {algorithm}", "remove it")
+    budget, steps, topk, tokens = (_int(values.pop(k, None)) for k in ("budget", *SIZES))
+    return SpeculativeSpec(algorithm, draft_model, budget, steps, topk, tokens, options=values)
+
+
+def another_engines_algorithm(spec: Section, kind: EngineKind) -> bool:
+    """An algorithm this engine lacks but another has (DFLASH with vLLM) is said so, with the
+    engines that have it; True when it was."""
+    raw, grammar = spec.data.get("algorithm"), kind.speculative
+    if not isinstance(raw, str) or grammar is None:
+        return False
+    norm = raw.upper() if grammar.upper else raw
+    if norm in grammar.algorithms:
+        return False
+    others = [
+        k.name
+        for k in KINDS.values()
+        if k.speculative is not None
+        and (raw.upper() if k.speculative.upper else raw) in k.speculative.algorithms
+    ]
+    if not others:
+        return False
+    spec.issues.error(
+        spec.where("algorithm"),
+        f"engine: {kind.name} has no {show(raw)} algorithm (it is {listing(others)}'s)",
+        f"use one of {listing(grammar.algorithms)} with {kind.name}, or engine: "
+        f"{' or '.join(others)}",
+    )
+    return True
+
+
+#: SpeculativeSpec's own sizing fields after budget (SGLang's names); other keys go in options.
+SIZES: Final = ("num_steps", "eagle_topk", "num_draft_tokens")
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def check_servers(issues: Issues, drafts: list[Draft], gpus: GpuSpec | None) -> None:

@@ -98,17 +98,13 @@ def report(
             "servers": [
                 {
                     "name": "gpu",
-                    "engine": "command",
+                    "engine": "llamacpp",
                     "model": "rand",
-                    "gpus": [0],
+                    "gpus": [0],  # -ngl 99
                     "port": PORT,
                     "health": "/health",
-                    "command": [
-                        str(binary),
-                        *("--model", f"{STAGED}/rand/rand.gguf", "--alias", "rand"),
-                        *("--host", "127.0.0.1", "--port", str(PORT)),
-                        *("-ngl", "99", "-np", "8", "--ctx-size", "8192"),
-                    ],
+                    "command": [str(binary)],
+                    "args": {"gguf": "rand.gguf", "parallel": 8, "ctx-size": 8192},
                 }
             ],
         }

@@ -266,6 +266,7 @@ def test_the_testbed_commands_the_quickstart_names_exist() -> None:
 def test_the_serving_spec_says_what_the_testbed_has() -> None:
     """No GPU, the model `python -m testbed llama` writes, the program it puts there, and the
     rest of the testbed's site as group_vars/all.yml has it (written once there)."""
+    from ct200_tools.serve import engines  # noqa: PLC0415
     from ct200_tools.spec import load_spec  # noqa: PLC0415
     from testbed import cli, llama_server  # noqa: PLC0415
 
@@ -280,9 +281,8 @@ def test_the_serving_spec_says_what_the_testbed_has() -> None:
     assert server.gpus == () and server.command[0] == llama_server.PROGRAM
     (model,) = spec.needed_models([server])
     assert model.source == f"{llama_server.MODELS_ROOT}/{model.name}"
-    assert server.command[server.command.index("--model") + 1] == (
-        f"{model.staged}/{llama_server.MODEL_FILE}"
-    )
+    argv = engines.argv(spec, server)  # engine: llamacpp renders -m from the staged copy
+    assert argv[argv.index("-m") + 1] == f"{model.staged}/{llama_server.MODEL_FILE}"
     written = next(p for p in cli.llama.params if p.name == "models").default
     assert tuple(written) == (model.name,)  # type: ignore[arg-type]
     assert f"PORT={server.port}\n" in QUICKSTART

@@ -439,7 +439,7 @@ def test_start_returns_once_it_serves(servers: Servers) -> None:
 def test_the_server_runs_as_the_unit_says(servers: Servers) -> None:
     proc = servers.serving.process
     site = validate(llama_site())
-    assert proc["argv"] == list(site.servers[0].command)
+    assert proc["argv"] == engine.argv(site, site.servers[0])
     assert str(proc["uid"]) == servers.serving.uid
     env = proc["env"]
     assert env["CUDA_VISIBLE_DEVICES"] == "" and "CUDA_DEVICE_ORDER" not in env

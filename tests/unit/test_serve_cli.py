@@ -213,7 +213,7 @@ def stand_in_chain(
 ) -> Path:
     """The llama site's spec, `tiny` on `port`, and systemd's stand-in in this process."""
     site = llama_site()
-    site["servers"][0].update(port=port, command=[*site["servers"][0]["command"][:-1], str(port)])
+    site["servers"][0].update(port=port)  # engine: llamacpp renders --port from it
     spec = tmp_path / "site.yml"
     spec.write_text(yaml.safe_dump({"ct200_site": site}))
     units = block("ct200-stage@tiny-a.service", "active", "exited", 2.0, 2.5) + block(

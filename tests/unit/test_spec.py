@@ -500,7 +500,7 @@ ERRORS = [
     pytest.param(
         {"servers[1].engine": "vllm", "servers[1].speculative.algorithm": "DFLASH"},
         "servers[1].speculative.algorithm",
-        "vLLM has no DFLASH",
+        "engine: vllm has no 'DFLASH' algorithm (it is sglang's)",
         id="vllm-dflash",
     ),
     pytest.param(

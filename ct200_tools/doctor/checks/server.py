@@ -5,9 +5,9 @@ name listed, a 1-token completion, on the GPUs the spec gives it).
 
 The contract with the server units is ct200_tools/serve/engines.py, the one module the units, the
 preflight and these checks take it from: server NAME runs as ct200-server-NAME.service; its
-interpreter is $VIRTUAL_ENV/bin/python from its env, else /usr/bin/python3; a bare command[0]
-is looked up on systemd's fixed search path; its served name is args.served-model-name
-(command: --served-model-name or --alias), else the spec's model name.
+interpreter is $VIRTUAL_ENV/bin/python from its env, else /usr/bin/python3; a bare program
+is looked up on systemd's fixed search path; its served name, its install and the fixes for
+both are its engine module's (ct200_tools/engines/).
 """
 
 from __future__ import annotations
@@ -135,26 +135,14 @@ def _install_engine_fix(ctx: Context, s: ServerSpec, python: str) -> Remedy:
 
 
 def _missing_fix(ctx: Context, s: ServerSpec, path: str) -> Remedy:
-    if engines.engine_module(s) is None:  # the program is the server itself
-        return Remedy(
-            f"install {path}, or fix command[0] of server {s.name} in the spec",
-            where(ctx),
-            None,
-        )
-    venv = s.env.get("VIRTUAL_ENV")
-    if venv:
-        return Remedy(
-            f"create the engine's venv at {venv} with {s.engine} in it, or set env VIRTUAL_ENV "
-            f"of server {s.name} to the venv that has it",
-            where(ctx),
-            f"python3 -m venv {venv} && {path} -m pip install {s.engine}",
-        )
-    return Remedy(
-        f"set env VIRTUAL_ENV of server {s.name} to the venv that has {s.engine} (the unit "
-        f"runs $VIRTUAL_ENV/bin/python), or install Python 3 at {path}",
-        where(ctx),
-        None,
-    )
+    """The engine's own words for a program that is not there (its module's missing_fix)."""
+    what, command = engines.kind(s).missing_fix(s, _where_in_spec(ctx, s), path)
+    return Remedy(what, where(ctx), command)
+
+
+def _where_in_spec(ctx: Context, s: ServerSpec) -> str:
+    servers = ctx.spec.servers if ctx.spec is not None else ()
+    return f"servers[{servers.index(s)}]" if s in servers else f"server {s.name}"
 
 
 def _judge_engine(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
@@ -167,7 +155,8 @@ def _judge_engine(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
             f"{what} {e.path!r} not found on PATH {engines.SYSTEMD_PATH_TEXT} (systemd's search "
             "path for ExecStart=, whatever the server's env sets PATH to)",
             Remedy(
-                f"install {e.path}, or give its absolute path as command[0] of server {s.name}",
+                f"install {e.path}, or give its absolute path in "
+                f"{_where_in_spec(ctx, s)}.command[0]",
                 where(ctx),
                 f"command -v {e.path}",
             ),
@@ -197,12 +186,14 @@ def _judge_engine(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
 
 @server_check("server.engine", "engine installed")
 def check_engine(ctx: Context) -> Outcome:
-    """The program the server's unit runs is there: for engines sglang and vllm, the
-    interpreter ($VIRTUAL_ENV/bin/python when the server's env sets VIRTUAL_ENV, else
-    /usr/bin/python3) exists and finds the engine's package (found without importing it); for
-    engine command, command[0] (a bare name looked up on systemd's fixed search path, as
-    ExecStart= does, not on the server's env PATH) is an executable file. A missing one names
-    the path and how to install it, before the unit waits for a server that cannot start."""
+    """The program the server's unit runs is there: for a Python engine (sglang, vllm: its
+    module names the package), the interpreter ($VIRTUAL_ENV/bin/python when the server's env
+    sets VIRTUAL_ENV, else /usr/bin/python3) exists and finds the engine's package (found
+    without importing it); for an engine whose program is the server (command, llamacpp), the
+    program (a bare name looked up on systemd's fixed search path, as ExecStart= does, not on
+    the server's env PATH) is an executable file. A missing one names the path and how to
+    install it (the engine module's own fix), before the unit waits for a server that cannot
+    start."""
     return _each(ctx, _judge_engine)
 
 
@@ -547,9 +538,7 @@ def _judge_models(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
         return _bad(
             f"/v1/models lists {listed}, not {want!r}",
             Remedy(
-                f"serve it as {want!r}: the unit passes --served-model-name from the spec "
-                "(args.served-model-name, else the model name); for engine command, put "
-                f"--alias {want} (llama.cpp) or --served-model-name {want} in command",
+                f"serve it as {want!r}: {engines.kind(s).served_name_fix(s, want)}",
                 where(ctx),
                 None,
             ),
@@ -560,10 +549,10 @@ def _judge_models(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
 @server_check("server.models", "server lists its served name")
 def check_models(ctx: Context) -> Outcome:
     """GET /v1/models answers 200 within 2 s and lists the server's served name. The served
-    name is args.served-model-name when the spec sets it (the unit passes it as
-    --served-model-name); for engine command the value of --served-model-name or --alias
-    (llama.cpp) in its command; otherwise the spec's model name. 503 (still loading) is a
-    warning."""
+    name is the engine module's (ct200_tools.engines): args.served-model-name for SGLang and
+    vLLM (the unit passes it as --served-model-name), the value of --served-model-name or
+    --alias in the command of engine command, else the spec's model name (llama-server's
+    --alias). 503 (still loading) is a warning."""
     return _each(ctx, _judge_models)
 
 

@@ -17,7 +17,7 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ct200_tools import httpclient
+from ct200_tools import serverhttp
 from ct200_tools.stage.reader import TreeReader
 
 
@@ -137,10 +137,7 @@ class Reader(TreeReader):
         whole body, all within timeout_s. An OSError when there is no complete answer
         (httpclient.HttpTimeout past the deadline); httpclient.Redirected for a 3xx, which is
         never followed: the answer must come from the port that was asked."""
-        got = httpclient.request(method, url, body, timeout_s=timeout_s)
-        if got.redirect:
-            raise httpclient.Redirected(got)
-        return got.status, got.body
+        return serverhttp.request(method, url, body, timeout_s)
 
     def note(self, key: str, why: str) -> None:
         self.unreadable.setdefault(key, why)

@@ -14,6 +14,7 @@ import stat
 from dataclasses import replace
 
 from ct200_tools.doctor.probes.base import Reader
+from ct200_tools.engines import ENGINE_CHILD
 from ct200_tools.facts import EngineFacts, QuantFacts
 from ct200_tools.serve import engines
 from ct200_tools.spec import ServerSpec
@@ -21,36 +22,6 @@ from ct200_tools.spec import ServerSpec
 ENGINE_TIMEOUT_S = 5.0
 #: A model's config.json is a few KB; past this it is not one.
 CONFIG_LIMIT = 1 << 20
-
-# Run as `python -I -c ENGINE_CHILD MODULE DIST`: stdlib only, one JSON line; exit status 1 when
-# MODULE is not found, so the preflight (ct200_tools/serve/preflight.py), which runs the same
-# script as the service user, needs only the status.
-ENGINE_CHILD = r"""
-import importlib.metadata as md, importlib.util, json, re, sys
-module, dist = sys.argv[1], sys.argv[2]
-out = {}
-def version(name):
-    try:
-        return md.version(name)
-    except md.PackageNotFoundError:
-        return None
-if module:
-    try:
-        out["module_found"] = importlib.util.find_spec(module) is not None
-    except Exception:
-        out["module_found"] = False
-out["compressed_tensors"] = version("compressed-tensors")
-if dist:
-    out["dist_version"] = version(dist)
-    try:
-        reqs = md.requires(dist) or []
-    except md.PackageNotFoundError:
-        reqs = []
-    ct = [r for r in reqs if re.match(r"compressed[-_.]tensors(?![-_.\w])", r, re.I)]
-    out["ct_requirement"] = ct[0] if ct else None
-print(json.dumps(out))
-sys.exit(1 if out.get("module_found") is False else 0)
-"""
 
 
 def probe_engine(r: Reader, server: ServerSpec) -> EngineFacts:

@@ -10,12 +10,11 @@ doctor; the servers are read in parallel.
 from __future__ import annotations
 
 import contextlib
-import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+from ct200_tools import serverhttp
 from ct200_tools.doctor.probes.base import Reader
 from ct200_tools.doctor.probes.engine import probe_engine, probe_quant
 from ct200_tools.doctor.probes.ports import probe_port
@@ -27,18 +26,14 @@ from ct200_tools.facts import (
     ServingFacts,
     UnitFacts,
 )
-from ct200_tools.httpclient import HttpError, NotJson, Redirected, count, parse_json
 from ct200_tools.serve import engines
 from ct200_tools.serve.serving import selected
 from ct200_tools.spec import ServerSpec, SiteSpec
-from ct200_tools.untrusted import show
 
 CONNECT_TIMEOUT_S = 1.0
-MODELS_TIMEOUT_S = 2.0
-#: A 1-token completion on an idle server takes well under a second, even for Kimi K2.6.
-GENERATE_TIMEOUT_S = 5.0
-#: The prompt of the 1-token completion.
-PROMPT = "ping"
+MODELS_TIMEOUT_S = serverhttp.MODELS_TIMEOUT_S
+GENERATE_TIMEOUT_S = serverhttp.GENERATE_TIMEOUT_S
+PROMPT = serverhttp.PROMPT
 #: At most this many processes of a unit have their environment read.
 MAX_PIDS = 64
 WORKERS = 8
@@ -100,98 +95,21 @@ def _probe_one(
     try:
         r.connect(host, s.port, CONNECT_TIMEOUT_S)
     except OSError as exc:
-        return replace(out, connected=False, connect_error=_why(exc, CONNECT_TIMEOUT_S))
+        return replace(out, connected=False, connect_error=serverhttp.why(exc, CONNECT_TIMEOUT_S))
     out = replace(out, connected=True, connect_error=None)
     base = engines.base_url(s)
-    models = _models(r, base)
+    models = serverhttp.models(r.request, base)
     out = replace(out, models=models)
     if models.status == 200:
         out = replace(out, generation=generate(r, base, engines.served_name(s)))
     return out
 
 
-def _why(exc: OSError, timeout_s: float) -> str:
-    if isinstance(exc, HttpError):
-        return str(exc)  # the client's own words, with what the server said escaped
-    if isinstance(exc, TimeoutError):
-        return f"no answer within {timeout_s:g} s"
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused (nothing listens)"
-    return exc.strerror or str(exc) or type(exc).__name__
-
-
-def _call(
-    r: Reader, method: str, url: str, payload: dict[str, Any] | None, timeout_s: float
-) -> tuple[HttpFacts, Any]:
-    """One request and its JSON. The facts keep what the server said exactly (body, served
-    names); the checks escape it where they show it."""
-    body = json.dumps(payload).encode() if payload is not None else None
-    t0 = time.monotonic()
-    try:
-        status, data = r.request(method, url, body, timeout_s)
-    except Redirected as exc:
-        return HttpFacts(url, status=exc.status, duration_s=_since(t0), error=exc.note), None
-    except OSError as exc:
-        return HttpFacts(url, duration_s=_since(t0), error=_why(exc, timeout_s)), None
-    got = HttpFacts(url, status=status, duration_s=_since(t0))
-    try:
-        return got, parse_json(data)
-    except NotJson as exc:
-        text = data[:300].decode(errors="replace")
-        return _with(got, error=str(exc), body=text), None
-
-
-def _since(t0: float) -> float:
-    return round(time.monotonic() - t0, 3)
-
-
-def _with(h: HttpFacts, **changes: Any) -> HttpFacts:
-    return replace(h, **changes)
-
-
-def _models(r: Reader, base: str) -> HttpFacts:
-    got, data = _call(r, "GET", f"{base}/v1/models", None, MODELS_TIMEOUT_S)
-    if got.error is not None or got.status != 200:
-        return got if got.status is None or got.status == 200 else _error_body(got, data)
-    items = data.get("data") if isinstance(data, dict) else None
-    if not isinstance(items, list):
-        return _with(got, error="no data list in the answer", body=_body(data))
-    # An id that is not a string (a number, a list) names no model: it is not listed.
-    ids = tuple(m["id"] for m in items if isinstance(m, dict) and isinstance(m.get("id"), str))
-    return _with(got, served=ids)
-
-
 def generate(
     r: Reader, base: str, served: str, prompt: str = PROMPT, timeout_s: float = GENERATE_TIMEOUT_S
 ) -> HttpFacts:
-    """A 1-token completion through the OpenAI API (the doctor's server.generate, and
-    `ct200-serve smoke`): its status, tokens, or what went wrong."""
-    payload = {"model": served, "prompt": prompt, "max_tokens": 1, "temperature": 0}
-    got, data = _call(r, "POST", f"{base}/v1/completions", payload, timeout_s)
-    if got.error is not None or got.status != 200:
-        return got if got.status is None or got.status == 200 else _error_body(got, data)
-    choices = data.get("choices") if isinstance(data, dict) else None
-    if not isinstance(choices, list) or not choices:
-        return _with(got, error="no choices in the answer", body=_body(data))
-    usage = data.get("usage") if isinstance(data, dict) else None
-    raw = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    if raw is None:
-        return got  # no usage reported: the choice is the completion
-    tokens = count(raw)
-    if tokens is None:
-        # true is a bool (an int to Python), 1.0 a float: neither is a token count.
-        what = show(json.dumps(raw), 60)
-        return _with(got, error=f"usage.completion_tokens is {what}, not a token count")
-    return _with(got, tokens=tokens)
-
-
-def _error_body(got: HttpFacts, data: Any) -> HttpFacts:
-    """An error status's answer: its JSON, else the start of its text as _call kept it."""
-    return got if data is None else _with(got, body=_body(data))
-
-
-def _body(data: Any) -> str | None:
-    return None if data is None else json.dumps(data)[:300]
+    """A 1-token completion through the OpenAI API (ct200_tools.serverhttp.generate)."""
+    return serverhttp.generate(r.request, base, served, prompt, timeout_s)
 
 
 def _unit_pids(r: Reader, unit: UnitFacts) -> tuple[int, ...]:

@@ -2,12 +2,11 @@
 (render.py, templates/), `ct200-serve` and the doctor (probes and checks) share. Pure functions
 of the spec: no I/O here (the probes and the preflight look at the machine).
 
-Each engine kind is one module behind the small interface of base.py (sglang.py, vllm.py,
-command.py: argv, readiness path, config file, served name, what the doctor looks for), found in
-ENGINES by the spec's `engine:`. A new engine kind is one module here, its name in the spec's
-grammar (spec/servers.py ENGINES, with what it accepts) and its tests. What is the same for every
-kind lives here: where a server's pieces are (paths.py), start and stop timing, NUMA, and
-systemd's syntax.
+Each engine kind is one module of ct200_tools.engines (sglang.py, vllm.py, command.py, ...):
+what it is and accepts, its argv, readiness path, config file, served name, what the doctor
+looks for and how a missing install is fixed; the registry there finds it by the spec's
+`engine:`. What is the same for every kind lives here: start and stop timing, NUMA, systemd's
+syntax, and where a server's pieces are (ct200_tools.engines.paths, re-exported).
 
 - Unit: each server NAME runs as `ct200-server-NAME.service`.
 - <python> is `$VIRTUAL_ENV/bin/python` when the server's env sets VIRTUAL_ENV (the engine's
@@ -22,9 +21,9 @@ import re
 from collections.abc import Callable
 from typing import Final
 
-from ct200_tools.serve.engines import command, sglang, vllm
-from ct200_tools.serve.engines.base import SYSTEM_PYTHON, Engine, model_path, python_of
-from ct200_tools.serve.engines.paths import (
+from ct200_tools.engines import ENGINES, sglang
+from ct200_tools.engines.base import SYSTEM_PYTHON, Engine, model_path, python_of
+from ct200_tools.engines.paths import (
     CACHE_ROOT,
     CONFIG_DIR,
     STAGE_UNIT_PREFIX,
@@ -36,13 +35,13 @@ from ct200_tools.serve.engines.paths import (
     stage_unit,
     unit_name,
 )
-from ct200_tools.serve.engines.vllm import arg_words, speculative_config
+from ct200_tools.engines.vllm import VLLM_METHODS, arg_words, speculative_config
 from ct200_tools.spec import ModelSpec, ServerSpec, SiteSpec
-from ct200_tools.spec.servers import VLLM_METHODS
 
 __all__ = [
     "CACHE_ROOT",
     "CONFIG_DIR",
+    "ENGINES",
     "STAGE_UNIT_PREFIX",
     "SYSTEM_PYTHON",
     "UNIT_PREFIX",
@@ -59,11 +58,6 @@ __all__ = [
     "stage_unit",
     "unit_name",
 ]
-
-#: Every engine kind, by the spec's `engine:` value.
-ENGINES: Final[dict[str, Engine]] = {
-    e.name: e for e in (sglang.ENGINE, vllm.ENGINE, command.ENGINE)
-}
 
 #: The service user the role creates; every engine runs as it (none needs root).
 SERVICE_USER: Final = "ct200"
@@ -111,8 +105,7 @@ _EXEC_PREFIXES = "@-:+!|"
 
 
 def kind(server: ServerSpec) -> Engine:
-    """The server's engine module. The spec's grammar admits only names ENGINES has (a test
-    keeps the two lists equal)."""
+    """The server's engine module. The spec's grammar admits only names ENGINES has."""
     return ENGINES[server.engine]
 
 
