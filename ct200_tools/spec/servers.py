@@ -246,10 +246,12 @@ def check_engine(server: Section, draft: Draft) -> None:
     if draft.engine == "command" and draft.command and draft.port is not None:
         port = str(draft.port)
         if not any(port == a or a.endswith(("=" + port, ":" + port)) for a in draft.command):
-            server.issues.warn(
+            # An error, not a warning: readiness would wait the whole start timeout on a port
+            # nothing listens on, and the play would blame the timeout (issue 33).
+            server.issues.error(
                 server.where("command"),
                 f"no argument of the command is the port {port}: readiness and the doctor "
-                f"look for the server on port {port}",
+                f"would look for the server on port {port}, where it does not listen",
                 f"pass the port in the command, e.g. --port {port}, or set port: to the one "
                 "it listens on",
             )
