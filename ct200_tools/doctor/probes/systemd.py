@@ -6,6 +6,8 @@ KEY=VALUE format (one block per unit, blank line between blocks, in the order as
 
 from __future__ import annotations
 
+import dataclasses
+
 from ct200_tools.doctor.probes.base import Reader
 from ct200_tools.facts import UnitFacts
 from ct200_tools.systemctl import show_argv, show_blocks
@@ -23,6 +25,8 @@ PROPERTIES = (
     "ControlGroup",
 )
 SHOW_TIMEOUT_S = 3.0
+#: Lines of a unit's journal kept for one that is not active (the engine's last words).
+JOURNAL_LINES = 8
 
 
 def _int(text: str | None) -> int | None:
@@ -64,4 +68,21 @@ def probe_units(r: Reader, units: list[str], key: str) -> dict[str, UnitFacts]:
         why = (ran.stderr.strip().splitlines() or [f"exit status {ran.returncode}"])[0]
         r.note(key, f"systemctl show: {why}")
         return {}
-    return parse_show(ran.stdout, units)
+    return {name: _with_journal(r, u) for name, u in parse_show(ran.stdout, units).items()}
+
+
+def _with_journal(r: Reader, u: UnitFacts) -> UnitFacts:
+    """A unit that exited (failed, or waiting for its automatic restart) with its last journal
+    lines of this boot; any other unit as it is. Unreadable: without them (the state says why)."""
+    down = u.active_state == "failed" or u.sub_state == "auto-restart"
+    if not down or u.load_state == "not-found":
+        return u
+    argv = ["journalctl", "--no-pager", "--output=cat", "--boot", f"--lines={JOURNAL_LINES}"]
+    try:
+        ran = r.run([*argv, f"--unit={u.name}"], SHOW_TIMEOUT_S)
+    except OSError:
+        return u
+    if ran.returncode != 0:
+        return u
+    lines = tuple(line[:400] for line in ran.stdout.splitlines()[-JOURNAL_LINES:])
+    return dataclasses.replace(u, journal_tail=lines)
