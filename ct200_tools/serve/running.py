@@ -90,17 +90,19 @@ def read(
     out: dict[str, Running] = {}
     for unit in units:
         block = blocks.get(unit, {})
-        out[unit] = _judge(unit, block, files[unit], boot_s, mtime)
+        out[unit] = judge(unit, block, files[unit], boot_s, mtime)
     return out
 
 
-def _judge(
+def judge(
     unit: str,
     block: Mapping[str, str],
     extra: Sequence[str],
     boot_s: float,
     mtime: Callable[[str], float | None],
 ) -> Running:
+    """One unit from its `systemctl show` block (PROPERTIES), the time the machine booted
+    (epoch seconds) and the files' modification times (None: absent)."""
     if block.get("ActiveState") not in ("active", "activating", "reloading") or block.get(
         "MainPID", "0"
     ) in ("", "0"):

@@ -688,3 +688,41 @@ def test_a_unit_between_a_crash_and_its_restart_is_restarting_not_starting() -> 
     assert "exited and is restarting after a failure (restart 1, last exit status 2)" in got.summary
     assert "a big model loads" not in got.summary
     assert "llama: journal: error: invalid argument: --x\\x1b[0m" in got.evidence, got.evidence
+
+
+def test_an_active_unit_on_an_older_configuration_is_named_with_the_restart(
+    tmp_path: Path,
+) -> None:
+    """Issue 33: the doctor reads the process, not only the unit file. An active unit whose
+    EnvironmentFile was written after its process started (from the start time systemd gives
+    and the file's time, on a tree standing in for /) is a warning with the restart that
+    applies it."""
+    from ct200_tools.doctor.checks import run_checks  # noqa: PLC0415
+    from ct200_tools.spec import load_spec  # noqa: PLC0415
+
+    server = sf.the_server(sf.llama("serving")).name
+    name = engines.unit_name(server)
+    env_path = engines.env_path(server)
+    env = tmp_path / env_path.lstrip("/")
+    env.parent.mkdir(parents=True)
+    env.write_text("X=1\n")
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/uptime").write_text("1000.00 10.00\n")
+    started_mono_us = 100 * 1_000_000  # 900 s ago
+    show = (
+        f"Id={name}\nLoadState=loaded\nActiveState=active\nSubState=running\nResult=success\n"
+        f"NRestarts=0\nMainPID=42\nExecMainStatus=0\nNeedDaemonReload=no\n"
+        f"FragmentPath=/etc/systemd/system/{name}\n"
+        f"ExecMainStartTimestampMonotonic={started_mono_us}\n"
+    )
+    r = Replay(0, show)
+    r.root = tmp_path
+    got = probe_units(r, [name], "servers.units", {name: (env_path,)})
+    (reason,) = got[name].older_configuration
+    assert reason.startswith(f"{env_path} was written ") and "after the process started" in reason
+    facts = sf.server(sf.llama("serving"), unit=got[name])
+    verdict = {f.id: f for f in run_checks(facts, load_spec(sf.LLAMA_SPEC))}["server.unit"]
+    assert verdict.status == "warn", verdict
+    assert "is running an older configuration" in verdict.summary
+    fix = verdict.remediation
+    assert fix is not None and fix.command == f"systemctl restart {name}", fix

@@ -419,6 +419,22 @@ def _judge_unit(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
                 Remedy("read why, then restart it", where(ctx), journal),
                 restarts,
             )
+        if u.older_configuration:
+            # Active, but not what its files say (issue 33: a port changed in the unit while the
+            # process kept the old one); the restart applies them.
+            reload = any("systemd has not read it" in x for x in u.older_configuration)
+            restart = f"systemctl restart {name}"
+            return _bad(
+                f"{name} is running an older configuration: "
+                + "; ".join(show(x, 300) for x in u.older_configuration),
+                Remedy(
+                    "restart it so it runs what its files say (site.yml restarts a server whose "
+                    "files it changed)",
+                    where(ctx),
+                    f"systemctl daemon-reload && {restart}" if reload else restart,
+                ),
+                warn=True,
+            )
         return _ok(f"{name} is {unit_state(u)}" + (f", {restarts}" if restarts else ""))
     last = f"last exit status {u.exec_main_status}" if u.exec_main_status is not None else ""
     # What the engine said as it exited (escaped: it is the engine's text), under the verdict.
@@ -485,7 +501,10 @@ def _judge_unit(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
 @server_check("server.unit", "server unit active")
 def check_unit(ctx: Context) -> Outcome:
     """The server's systemd unit ct200-server-NAME.service is active (running), as
-    `systemctl show` gives it (ActiveState, SubState, Result, NRestarts). A unit still starting
+    `systemctl show` gives it (ActiveState, SubState, Result, NRestarts), and its process runs
+    what its files say: an active unit with NeedDaemonReload, or whose unit, EnvironmentFile or
+    config was written after its process started, is a warning "running an older
+    configuration" with the restart that applies them. A unit still starting
     (activating: its gate, the model load or the readiness poll) is a warning; one between a
     failure and its automatic restart (auto-restart) is a failure, the root cause of its port
     not answering: the engine exited, with the restart number, the last exit status and the

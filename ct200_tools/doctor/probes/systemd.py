@@ -7,9 +7,13 @@ KEY=VALUE format (one block per unit, blank line between blocks, in the order as
 from __future__ import annotations
 
 import dataclasses
+import os
+import time
+from collections.abc import Mapping, Sequence
 
 from ct200_tools.doctor.probes.base import Reader
 from ct200_tools.facts import UnitFacts
+from ct200_tools.serve import running
 from ct200_tools.systemctl import show_argv, show_blocks
 
 #: The properties the server checks read, in `systemctl show -p` form.
@@ -23,6 +27,10 @@ PROPERTIES = (
     "MainPID",
     "ExecMainStatus",
     "ControlGroup",
+    # Whether the process runs what its files say (ct200_tools.serve.running).
+    "NeedDaemonReload",
+    "FragmentPath",
+    "ExecMainStartTimestampMonotonic",
 )
 SHOW_TIMEOUT_S = 3.0
 #: Lines of a unit's journal kept for one that is not active (the engine's last words).
@@ -51,9 +59,12 @@ def parse_show(text: str, units: list[str]) -> dict[str, UnitFacts]:
     }
 
 
-def probe_units(r: Reader, units: list[str], key: str) -> dict[str, UnitFacts]:
+def probe_units(
+    r: Reader, units: list[str], key: str, files: Mapping[str, Sequence[str]] | None = None
+) -> dict[str, UnitFacts]:
     """The units' state; {} with the reason noted under `key` when systemd cannot be asked
-    (no systemctl, systemd not running here, a hung systemd)."""
+    (no systemctl, systemd not running here, a hung systemd). ``files``: unit -> the files its
+    process reads at start besides its unit file, to tell an older configuration."""
     if not units:
         return {}
     try:
@@ -68,7 +79,33 @@ def probe_units(r: Reader, units: list[str], key: str) -> dict[str, UnitFacts]:
         why = (ran.stderr.strip().splitlines() or [f"exit status {ran.returncode}"])[0]
         r.note(key, f"systemctl show: {why}")
         return {}
-    return {name: _with_journal(r, u) for name, u in parse_show(ran.stdout, units).items()}
+    got = {name: _with_journal(r, u) for name, u in parse_show(ran.stdout, units).items()}
+    return _with_older(r, got, show_blocks(ran.stdout, units), files or {})
+
+
+def _with_older(
+    r: Reader,
+    got: dict[str, UnitFacts],
+    blocks: Mapping[str, Mapping[str, str]],
+    files: Mapping[str, Sequence[str]],
+) -> dict[str, UnitFacts]:
+    try:
+        boot_s = time.time() - float(r.read_text("/proc/uptime").split()[0])
+    except (OSError, ValueError, IndexError):
+        return got  # no clock to compare with: nothing said
+
+    def mtime(p: str) -> float | None:
+        try:
+            return os.stat(r.path(p)).st_mtime
+        except OSError:
+            return None
+
+    out = dict(got)
+    for name, u in got.items():
+        verdict = running.judge(name, blocks.get(name, {}), files.get(name, ()), boot_s, mtime)
+        if verdict.stale:
+            out[name] = dataclasses.replace(u, older_configuration=verdict.reasons)
+    return out
 
 
 def _with_journal(r: Reader, u: UnitFacts) -> UnitFacts:
