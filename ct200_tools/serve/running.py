@@ -32,11 +32,6 @@ PROPERTIES: Final = (
 SLACK_S: Final = 1.0
 
 
-def _uptime() -> float:
-    with open("/proc/uptime", encoding="ascii") as fh:
-        return float(fh.read().split()[0])
-
-
 def _mtime(path: str) -> float | None:
     try:
         return os.stat(path).st_mtime
@@ -72,7 +67,7 @@ class Running:
 def read(
     systemd: Systemd,
     files: Mapping[str, Sequence[str]],
-    uptime: Callable[[], float] = _uptime,
+    monotonic: Callable[[], float] = time.monotonic,
     mtime: Callable[[str], float | None] = _mtime,
     now: Callable[[], float] = time.time,
 ) -> dict[str, Running]:
@@ -83,7 +78,9 @@ def read(
         return {}
     try:
         text = systemd.show_text(units, PROPERTIES)
-        boot_s = now() - uptime()
+        # CLOCK_MONOTONIC, the clock of systemd's *TimestampMonotonic (not /proc/uptime, which
+        # lxcfs makes the container's own in a PVE container).
+        boot_s = now() - monotonic()
     except (SystemdError, OSError, ValueError):
         return {u: Running(u) for u in units}
     blocks = show_blocks(text, units)

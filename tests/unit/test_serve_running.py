@@ -34,7 +34,7 @@ def judge(block: str, times: dict[str, float]) -> tuple[tuple[str, ...], str]:
     got = read(
         systemd_with(block),
         {UNIT: (ENV,)},
-        uptime=lambda: 1000.0,
+        monotonic=lambda: 1000.0,
         mtime=times.get,
         now=lambda: BOOT + 1000.0,
     )[UNIT]
@@ -70,5 +70,5 @@ def test_systemd_that_cannot_be_asked_tells_nothing() -> None:
     def broken(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
         return 1, "", "Failed to connect to bus"
 
-    got = read(Systemd(broken), {UNIT: (ENV,)}, uptime=lambda: 1.0, mtime=lambda p: 0.0)
+    got = read(Systemd(broken), {UNIT: (ENV,)}, monotonic=lambda: 1.0, mtime=lambda p: 0.0)
     assert not got[UNIT].stale

@@ -89,10 +89,9 @@ def _with_older(
     blocks: Mapping[str, Mapping[str, str]],
     files: Mapping[str, Sequence[str]],
 ) -> dict[str, UnitFacts]:
-    try:
-        boot_s = time.time() - float(r.read_text("/proc/uptime").split()[0])
-    except (OSError, ValueError, IndexError):
-        return got  # no clock to compare with: nothing said
+    # CLOCK_MONOTONIC is the clock of systemd's *TimestampMonotonic (/proc/uptime is the
+    # container's own under lxcfs).
+    boot_s = time.time() - time.monotonic()
 
     def mtime(p: str) -> float | None:
         try:
