@@ -367,6 +367,12 @@ class UnitFacts:
     exec_main_status: int | None = None
     #: The unit's cgroup below the cgroup root, e.g. /system.slice/ct200-server-x.service.
     control_group: str | None = None
+    #: Its last journal lines of this boot (as logged, unescaped), read only for a unit that is
+    #: not active: what the engine said when it exited (issue 33: a crash is the root cause).
+    journal_tail: tuple[str, ...] = ()
+    #: Why its running process runs an older configuration than its files (NeedDaemonReload, a
+    #: unit, EnvironmentFile or config written after the process started); empty: current.
+    older_configuration: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

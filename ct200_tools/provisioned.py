@@ -16,10 +16,12 @@ INSTALLED_SPEC: Final = "/etc/ct200/site.yml"
 
 
 def playbook_command(playbook: str, *extra: str, path: str = PROVISIONED) -> str:
-    """`cd CHECKOUT && ansible-playbook -i INVENTORY PLAYBOOK --limit HOST,localhost EXTRA...`
-    in backquotes, from the record; without one, the command with what to fill in, said plainly.
-    localhost stays in the limit: the playbooks validate the spec there (playbooks/validate.yml)
-    and every role reads that result."""
+    """`cd CHECKOUT && ansible-playbook -i INVENTORY -e @FILE... PLAYBOOK --limit HOST,localhost
+    EXTRA...` in backquotes, from the record; without one, the command with what to fill in, said
+    plainly. localhost stays in the limit: the playbooks validate the spec there
+    (playbooks/validate.yml) and every role reads that result. The extra-vars files of the
+    provisioning run come along (the spec may live in one): without them the pasted command would
+    apply another spec (issue 33). A record from before they were recorded says so."""
     try:
         got = load_json(path, "the provisioning record", 64 * 1024, "run site.yml once more")
     except (UntrustedInputError, OSError):
@@ -29,6 +31,11 @@ def playbook_command(playbook: str, *extra: str, path: str = PROVISIONED) -> str
         checkout, host, inventory = got.get("checkout"), got.get("host"), got.get("inventory")
         raw = inventory if isinstance(inventory, list) else [inventory]
         sources = [i for i in raw if isinstance(i, str) and i]
+        recorded = got.get("extra_vars")
+        files = (
+            [f for f in recorded if isinstance(f, str) and f] if isinstance(recorded, list) else []
+        )
+        known = isinstance(recorded, list) and len(files) == len(recorded)
         if (
             isinstance(checkout, str)
             and checkout
@@ -36,18 +43,28 @@ def playbook_command(playbook: str, *extra: str, path: str = PROVISIONED) -> str
             and host
             and sources
             and len(sources) == len(raw)
+            and (known or "extra_vars" not in got)
         ):
             # Quoted: these are strings from a file, pasted into a shell.
             dash_i = " ".join(f"-i {shlex.quote(i)}" for i in sources)
+            dash_e = "".join(f" -e {shlex.quote('@' + f)}" for f in files) if known else ""
+            note = (
+                ""
+                if known
+                else (
+                    f" (add the -e @FILE of the run that provisioned it, if any: {path} predates "
+                    "recording them; site.yml records them)"
+                )
+            )
             return (
-                f"`cd {shlex.quote(checkout)} && ansible-playbook {dash_i} {playbook} "
-                f"--limit {shlex.quote(host + ',localhost')}{tail}` on the controller"
+                f"`cd {shlex.quote(checkout)} && ansible-playbook {dash_i}{dash_e} {playbook} "
+                f"--limit {shlex.quote(host + ',localhost')}{tail}` on the controller{note}"
             )
     return (
         f"on the controller, in your ct200-tools checkout, `ansible-playbook -i INVENTORY "
-        f"{playbook} --limit HOST,localhost{tail}` with the inventory and host that provisioned "
-        f"this machine; it does not know them ({path} is missing or incomplete: site.yml "
-        "records it)"
+        f"{playbook} --limit HOST,localhost{tail}` with the inventory (and -e @FILE) and host that "
+        f"provisioned this machine; it does not know them ({path} is missing or incomplete: "
+        "site.yml records it)"
     )
 
 

@@ -187,12 +187,22 @@ def switch_lines(report: Any) -> list[str]:
 def status(spec_path: str | None, as_json: bool) -> None:
     """The serving set, where it comes from, and each server's unit."""
     from ct200_tools.serve import engines, serving  # noqa: PLC0415
+    from ct200_tools.serve.running import read as read_running  # noqa: PLC0415
     from ct200_tools.serve.systemd import Systemd  # noqa: PLC0415
     from ct200_tools.untrusted import show  # noqa: PLC0415
 
     site = _load(spec_path)
     chosen = serving.current(site)
-    units = Systemd().show([engines.unit_name(s.name) for s in site.servers])
+    systemd = Systemd()
+    units = systemd.show([engines.unit_name(s.name) for s in site.servers])
+    # What runs, not only what the files say: a process on an older configuration is named.
+    running = read_running(
+        systemd,
+        {
+            engines.unit_name(s.name): (engines.env_path(s.name), engines.config_path(s.name))
+            for s in site.servers
+        },
+    )
     rows = [
         {
             "name": s.name,
@@ -202,6 +212,10 @@ def status(spec_path: str | None, as_json: bool) -> None:
             "enabled": units[engines.unit_name(s.name)].file_state,
             "url": engines.base_url(s),
             "served_name": engines.served_name(s),
+            "older_configuration": list(running[engines.unit_name(s.name)].reasons),
+            "fix": running[engines.unit_name(s.name)].fix
+            if running[engines.unit_name(s.name)].stale
+            else "",
         }
         for s in site.servers
     ]
@@ -224,6 +238,9 @@ def status(spec_path: str | None, as_json: bool) -> None:
         click.echo(
             f" {mark} {row['name']:<24} {row['active']:<12} {row['enabled']:<9} {row['url']}"
         )
+        got = running[str(row["unit"])]
+        if got.stale:
+            click.echo(f"     {got.describe()}")
 
 
 @cli.command()
@@ -298,6 +315,9 @@ def chain(
     )
     smoke_s = time.monotonic() - started
     ok = got.ok and all(g.ok for g in smoked or ())
+    # The process, not only the unit: a server of the set on an older configuration than its
+    # files (issue 33) is named with the restart that applies them.
+    older = _older_configurations(chosen.servers)
     if as_json:
         smoke_report = (
             None
@@ -308,10 +328,21 @@ def chain(
                 "servers": [g.to_dict() for g in smoked],
             }
         )
-        _emit("chain", ok, {**got.to_dict(), "doctor": doctor_lines, "smoke": smoke_report})
+        _emit(
+            "chain",
+            ok,
+            {
+                **got.to_dict(),
+                "doctor": doctor_lines,
+                "smoke": smoke_report,
+                "older_configuration": {r.unit: list(r.reasons) for r in older},
+            },
+        )
     else:
         for line in ch.lines(got, site):
             click.echo(line)
+        for r in older:
+            click.echo(f"note: {r.describe()}")
         if doctor_lines:
             click.echo(f"the doctor on {gated} (ct200-doctor gate {gated}):")
             for line in doctor_lines:
@@ -323,6 +354,19 @@ def chain(
     if got.reason == ch.NOTHING_TO_SERVE:
         sys.exit(Exit.NOTHING)
     sys.exit(Exit.OK if ok else Exit.FAILED)
+
+
+def _older_configurations(servers: Sequence[Any]) -> list[Any]:
+    """The servers among these whose process runs an older configuration than its files."""
+    from ct200_tools.serve import engines  # noqa: PLC0415
+    from ct200_tools.serve.running import read as read_running  # noqa: PLC0415
+    from ct200_tools.serve.systemd import Systemd  # noqa: PLC0415
+
+    files = {
+        engines.unit_name(s.name): (engines.env_path(s.name), engines.config_path(s.name))
+        for s in servers
+    }
+    return [r for r in read_running(Systemd(), files).values() if r.stale]
 
 
 @cli.command(hidden=True)

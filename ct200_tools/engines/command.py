@@ -61,10 +61,12 @@ class Command(Engine):
             return
         port = str(draft.port)
         if not any(port == a or a.endswith(("=" + port, ":" + port)) for a in draft.command):
-            report.warn(
+            # An error, not a warning: readiness would wait the whole start timeout on a port
+            # nothing listens on, and the play would blame the timeout (issue 33).
+            report.error(
                 f"{draft.path}.command",
                 f"no argument of the command is the port {port}: readiness and the doctor "
-                f"look for the server on port {port}",
+                f"would look for the server on port {port}, where it does not listen",
                 f"pass the port in the command, e.g. --port {port}, or set port: to the one "
                 "it listens on",
             )

@@ -202,9 +202,21 @@ def fix_of(step: Step) -> str:
     at = {
         "gate": "the doctor's gate said no: its message is above",
         "preflight": "its preflight said no: its message is above",
-        "ready": "it did not serve in time",
+        # The readiness wait also fails when the engine exits before it answers (a rejected
+        # flag exits at once): "in time" alone sent people to raise start_timeout (issue 33).
+        "ready": (
+            "it did not serve: the engine exited before it answered, or did not answer within "
+            "its start timeout; its last journal lines (above) say which"
+        ),
         "engine": "the engine exited",
     }.get(step.failed_at, step.failed_at)
+    if step.failed_at in ("ready", "engine"):
+        return (
+            f"{at}; a flag or setting of the spec it rejects: correct the spec and run site.yml "
+            f"(it restarts the server and puts the previous configuration back if it does not "
+            f"serve); else fix what it names, then `systemctl reset-failed {step.unit} && "
+            f"systemctl start {step.unit}`, or {recover}"
+        )
     return (
         f"{at}; fix what it names, then `systemctl reset-failed {step.unit} && systemctl start "
         f"{step.unit}`, or {recover}"

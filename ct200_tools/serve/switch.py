@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from ct200_tools.provisioned import playbook_command
-from ct200_tools.serve import engines, serving
+from ct200_tools.serve import engines, running, serving
 from ct200_tools.serve.serving import ServingError, ServingSet, ServingState
 from ct200_tools.serve.systemd import Systemd, UnitState
 from ct200_tools.spec import ModelSpec, ServerSpec, SiteSpec
@@ -86,6 +86,9 @@ class Machine:
 
     units: dict[str, UnitState]
     models: dict[str, ModelState] = field(default_factory=dict)
+    #: Server units whose process runs an older configuration than their files (running.py):
+    #: a switch that serves one restarts it, so it serves what its files say (issue 33).
+    stale: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -154,8 +157,13 @@ def plan(
     strays = tuple(s for s in others if s not in stop)
     # Only what was asked for is started: a server of the current set that is not running
     # (failed, stopped by hand) stays in the set, reported, but cannot block the switch.
-    start = tuple(s for s in wanted if not _running(machine, s))
-    keep = tuple(s for s in target if _running(machine, s))
+    # A wanted server on an older configuration than its files is stopped and started again.
+    restart = tuple(
+        s for s in wanted if _running(machine, s) and engines.unit_name(s.name) in machine.stale
+    )
+    stop = (*stop, *restart)
+    start = tuple(s for s in wanted if not _running(machine, s) or s in restart)
+    keep = tuple(s for s in target if _running(machine, s) and s not in restart)
     needed = site.needed_models(target)
     busy = {m.name for m in site.needed_models((*target, *strays))}
     droppable = sorted(
@@ -249,7 +257,12 @@ def model_state(model: ModelSpec) -> ModelState:
 def read_machine(site: SiteSpec, systemd: Systemd) -> Machine:
     units = [engines.unit_name(s.name) for s in site.servers]
     units += [engines.stage_unit(m.name) for m in site.models]
-    return Machine(systemd.show(units), {m.name: model_state(m) for m in site.models})
+    files = {
+        engines.unit_name(s.name): (engines.env_path(s.name), engines.config_path(s.name))
+        for s in site.servers
+    }
+    stale = frozenset(u for u, r in running.read(systemd, files).items() if r.stale)
+    return Machine(systemd.show(units), {m.name: model_state(m) for m in site.models}, stale)
 
 
 def room_for(site: SiteSpec, models: Sequence[ModelSpec]) -> int | None:

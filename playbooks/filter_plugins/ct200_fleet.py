@@ -5,6 +5,7 @@ ct200_fleet, every host's ct200_doctor_run result -> the fleet table, exit code 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -55,6 +56,17 @@ def ct200_fleet(
     }
 
 
+def ct200_user_path(value: str) -> str:
+    """A path the user gave on the command line (-e ct200_doctor_fleet_file=...), resolved against
+    the directory ansible-playbook runs from (the controller's, which Ansible does not change),
+    not playbooks/: README's next command (`ct200-doctor fleet FILE`) reads it from there."""
+    return os.path.abspath(os.path.expanduser(str(value)))
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"ct200_fleet": ct200_fleet, "ct200_doctor_only": ct200_doctor_only}
+        return {
+            "ct200_fleet": ct200_fleet,
+            "ct200_doctor_only": ct200_doctor_only,
+            "ct200_user_path": ct200_user_path,
+        }

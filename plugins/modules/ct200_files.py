@@ -94,6 +94,14 @@ options:
     description: The group of a file or directory that names none.
     type: str
     default: root
+  backup:
+    description:
+      - Before a file's content is replaced, keep the previous content beside it
+        (C(<dest>.<pid>.<time>~), as ansible.builtin.template's I(backup) does) and return its path
+        in I(backups), so a caller can put it back (the inference_servers role rolls a server
+        back so). A file that was absent maps to null.
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -128,6 +136,11 @@ content_changed:
   returned: always
   type: list
   elements: str
+backups:
+  description: With I(backup), each file of I(content_changed) -> the path of its previous
+    content, or null where it was absent (not written in check mode).
+  returned: always
+  type: dict
 """
 
 
@@ -181,6 +194,7 @@ ARGUMENT_SPEC = {
     "directory_mode": {"type": "str", "default": "0755"},
     "owner": {"type": "str", "default": "root"},
     "group": {"type": "str", "default": "root"},
+    "backup": {"type": "bool", "default": False},
 }
 
 
@@ -191,6 +205,7 @@ class Run:
         self.module = module
         self.changed_paths: list[str] = []
         self.content_changed: list[str] = []
+        self.backups: dict[str, str | None] = {}
         self.diffs: list[dict[str, str]] = []
 
     def fail(self, msg: str) -> None:
@@ -199,6 +214,7 @@ class Run:
             changed=bool(self.changed_paths),
             changed_paths=self.changed_paths,
             content_changed=self.content_changed,
+            backups=self.backups,
         )
 
     def directory(self, item: dict) -> None:
@@ -222,6 +238,8 @@ class Run:
             self.content_changed.append(dest)
             self.changed_paths.append(dest)
             self.diffs.append(_diff(dest, before, after or b""))
+            if self.module.params["backup"] and not self.module.check_mode:
+                self.backups[dest] = self.module.backup_local(dest) if before is not None else None
             if not self.module.check_mode:
                 if after is None:
                     os.unlink(dest)
@@ -288,6 +306,7 @@ def main() -> None:
         "changed": bool(run.changed_paths),
         "changed_paths": run.changed_paths,
         "content_changed": run.content_changed,
+        "backups": run.backups,
     }
     if module._diff:
         out["diff"] = run.diffs

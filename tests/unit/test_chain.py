@@ -174,6 +174,8 @@ def test_lines_name_the_stop_and_its_fix() -> None:
     assert text.startswith("boot chain: STOPPED")
     assert "stopped at: server tiny (ct200-server-tiny.service): failed" in text
     assert "fix: the engine exited" in text
+    # The change to make, not a start that fails the same way (issue 33).
+    assert "correct the spec and run site.yml" in text
 
 
 def test_read_asks_systemctl_with_argv_lists() -> None:

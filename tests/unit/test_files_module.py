@@ -254,3 +254,25 @@ def test_the_shipped_write_is_the_projects_own() -> None:
     shipped = ROOT / "plugins/module_utils/ct200_fsutil.py"
     assert shipped.is_symlink()
     assert shipped.resolve() == (ROOT / "ct200_tools/fsutil.py").resolve()
+
+
+def test_backup_keeps_the_previous_content_of_each_replaced_file(tmp_path: Path) -> None:
+    """What the inference_servers role rolls a server back with (issue 33): a replaced file's
+    previous content beside it, a new file mapped to null, an unchanged one not listed."""
+    old, new, same = tmp_path / "old.service", tmp_path / "new.env", tmp_path / "same.yaml"
+    old.write_text("before\n")
+    same.write_text("same\n")
+    files = [
+        {"dest": str(old), "content": "after\n"},
+        {"dest": str(new), "content": "made\n"},
+        {"dest": str(same), "content": "same\n"},
+    ]
+    rc, r, out = run(tmp_path, mine({"files": files, "backup": True}))
+    assert rc == 0, out
+    backups = r["backups"]
+    assert set(backups) == {str(old), str(new)} and backups[str(new)] is None
+    assert Path(backups[str(old)]).read_text() == "before\n"
+    assert old.read_text() == "after\n"
+    # Without backup (the default) nothing is kept.
+    rc, r, out = run(tmp_path, mine({"files": [{"dest": str(old), "content": "again\n"}]}))
+    assert rc == 0 and r["backups"] == {}, out

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -313,10 +314,19 @@ def test_doctor_yml_over_local_connections(tmp_path: Path) -> None:
     # --only reached the doctor: only dev, mem and models checks ran.
     assert {c["id"].split(".")[0] for c in sick["report"]["checks"]} == {"dev", "mem", "models"}
     assert doc["exit_code"] == 3
-    # Only the healthy and the by-design hosts: the play passes.
+    # The recap marks the hosts that failed and no other (issue 33: the first host took them).
+    for host, failed in (("ok1", 0), ("pve1", 0), ("sick", 1), ("junk", 1), ("nodoc", 1)):
+        assert re.search(rf"^{host}\s+:.* failed={failed} ", out, re.M), out
+    # Only the healthy and the by-design hosts: the play passes. Run from another directory with
+    # a relative fleet file in a directory: saved there, not under playbooks/ (issue 33).
+    (tmp_path / "out").mkdir()
     r = subprocess.run(
-        [*argv, "--limit", "ok1,pve1"],
-        cwd=ROOT,
+        [
+            *argv[:3],
+            str(ROOT / "playbooks/doctor.yml"),
+            *("-e", "ct200_doctor_fleet_file=out/fleet.json", "--limit", "ok1,pve1"),
+        ],
+        cwd=tmp_path,
         env=ansible_env(),
         capture_output=True,
         text=True,
@@ -325,7 +335,8 @@ def test_doctor_yml_over_local_connections(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "fleet: ok" in r.stdout
-    assert {h["host"] for h in json.loads(saved.read_text())["hosts"]} == {"ok1", "pve1"}
+    relative = tmp_path / "out" / "fleet.json"
+    assert {h["host"] for h in json.loads(relative.read_text())["hosts"]} == {"ok1", "pve1"}
 
 
 def test_ansible_doc_finds_the_module_by_its_short_name() -> None:

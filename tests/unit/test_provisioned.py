@@ -50,12 +50,16 @@ def provision(checkout: Path, record: Path) -> str:
     (checkout / "playbooks").mkdir(exist_ok=True)
     (checkout / "playbooks" / "site.yml").write_text(json.dumps(play))
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    # An extra-vars file given relative to the directory the user runs from (issue 33).
+    (checkout.parent / "serving.yml").write_text("ct200_tools_test_marker: 1\n")
     proc = subprocess.run(
         [
             str(PLAYBOOK),
             "-i",
             str(inventory),
             str(checkout / "playbooks" / "site.yml"),
+            "-e",
+            "@serving.yml",
             "-e",
             json.dumps(
                 {
@@ -69,11 +73,13 @@ def provision(checkout: Path, record: Path) -> str:
         text=True,
         check=False,
         timeout=300,
+        cwd=checkout.parent,
         env={
             **env,
             "ANSIBLE_NOCOLOR": "1",
             "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
             "ANSIBLE_LIBRARY": str(REPO / "plugins/modules"),
+            "ANSIBLE_MODULE_UTILS": str(REPO / "plugins/module_utils"),
         },
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -93,26 +99,43 @@ def test_site_records_the_inventory_and_chain_prints_the_whole_recover_command(
     assert oct(record.stat().st_mode & 0o777) == "0o644"
     inventory = checkout / "inventory" / "my site" / "hosts.yml"
     assert json.loads(record.read_text()) == {
-        "schema_version": 1,
+        "schema_version": 2,
         "checkout": str(checkout),
         "inventory": [str(inventory)],
+        "extra_vars": [str(tmp_path / "serving.yml")],
         "inventory_dir": str(inventory.parent),
         "host": "ct-7",
     }
     fix = ch.recover_command(str(record))
     command = fix.split("`")[1]
     assert command == (
-        f"cd '{checkout}' && ansible-playbook -i '{inventory}' playbooks/recover.yml"
-        " --limit ct-7,localhost"
+        f"cd '{checkout}' && ansible-playbook -i '{inventory}' -e @{tmp_path}/serving.yml"
+        " playbooks/recover.yml --limit ct-7,localhost"
     )
     bash = shutil.which("bash")
     assert bash is not None
     assert subprocess.run([bash, "-n", "-c", command], timeout=10, check=False).returncode == 0
     # Pasted in the checkout's shell it reaches the inventory and the playbook directory.
-    probe = command.replace("ansible-playbook -i", "test -f").replace(
-        " playbooks/recover.yml --limit ct-7,localhost", " && test -d playbooks"
+    probe = (
+        command.replace("ansible-playbook -i", "test -f")
+        .replace(" -e @", " && test -f ")
+        .replace(" playbooks/recover.yml --limit ct-7,localhost", " && test -d playbooks")
     )
     assert subprocess.run([bash, "-c", probe], timeout=10, check=False).returncode == 0
+
+
+def test_a_record_without_extra_vars_says_so(tmp_path: Path) -> None:
+    """A record written before the extra-vars files were recorded: the command, and a note that
+    it may lack the -e @FILE the machine was provisioned with (never a silent other spec)."""
+    fix = ch.recover_command(str(record_of(tmp_path)))
+    assert "predates recording them" in fix, fix
+    record = tmp_path / "provisioned.json"
+    data = json.loads(record.read_text())
+    record.write_text(json.dumps({**data, "extra_vars": ["/srv/inv/serving.yml"]}))
+    fix = ch.recover_command(str(record))
+    assert "-e @/srv/inv/serving.yml playbooks/recover.yml" in fix and "predates" not in fix
+    record.write_text(json.dumps({**data, "extra_vars": [7]}))
+    assert "does not know them" in ch.recover_command(str(record))
 
 
 def test_without_a_record_the_fix_says_plainly_what_to_fill_in(tmp_path: Path) -> None:

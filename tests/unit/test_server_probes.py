@@ -101,10 +101,30 @@ def test_probe_units_without_systemd_says_why() -> None:
     assert r.argvs[0][-1] == "ct200-server-x.service"
 
 
+class Journal(Replay):
+    """systemctl show answers as recorded; journalctl with an engine's last words."""
+
+    LINES = "main: loading model\nerror: invalid argument: --no-such-flag\n"
+
+    def run(self, argv: list[str], timeout_s: float, env: Mapping[str, str] | None = None) -> Ran:
+        self.argvs.append(argv)
+        return Ran(0, self.LINES, "") if argv[0] == "journalctl" else Ran(*self.answer)
+
+
 def test_probe_units_passes_recorded_output_through() -> None:
+    """As parsed, and a unit that exited (failed, or in its restart delay) with its last journal
+    lines of this boot (issue 33: the crash is the root cause, with the engine's words)."""
     units = list(sf.RECORDED_UNITS.values())
-    got = probe_units(Replay(0, sf.show_text()), units, "servers.units")
-    assert got == parse_show(sf.show_text(), units)
+    r = Journal(0, sf.show_text())
+    got = probe_units(r, units, "servers.units")
+    parsed = parse_show(sf.show_text(), units)
+    asked = {a[-1].removeprefix("--unit=") for a in r.argvs if a[0] == "journalctl"}
+    for name, unit in parsed.items():
+        down = unit.active_state == "failed" or unit.sub_state == "auto-restart"
+        lines = tuple(Journal.LINES.splitlines()) if down else ()
+        assert got[name] == dataclasses.replace(unit, journal_tail=lines), name
+        assert (name in asked) == down
+    assert asked, "the recorded units include a failed one"
 
 
 def test_probe_units_hung_systemctl_is_cut_off(
@@ -658,8 +678,49 @@ def test_a_unit_between_a_crash_and_its_restart_is_restarting_not_starting() -> 
     unit = dataclasses.replace(
         sf.recorded_unit("fail"), active_state="activating", sub_state="auto-restart"
     )
+    unit = dataclasses.replace(unit, journal_tail=("error: invalid argument: --x\x1b[0m",))
     facts = sf.server(sf.llama("stopped"), unit=unit)
-    got = {f.id: f for f in run_checks(facts, load_spec(sf.LLAMA_SPEC))}["server.unit"]
-    assert got.status == "warn"
-    assert "is restarting after a failure (restart 1, last exit status 2)" in got.summary
+    checks = {f.id: f for f in run_checks(facts, load_spec(sf.LLAMA_SPEC))}
+    got = checks["server.unit"]
+    # A failure and the root cause (issue 33: a crash at boot read as a warning and the port
+    # took the blame), with the engine's last words, escaped.
+    assert got.status == "fail"
+    assert "exited and is restarting after a failure (restart 1, last exit status 2)" in got.summary
     assert "a big model loads" not in got.summary
+    assert "llama: journal: error: invalid argument: --x\\x1b[0m" in got.evidence, got.evidence
+
+
+def test_an_active_unit_on_an_older_configuration_is_named_with_the_restart(
+    tmp_path: Path,
+) -> None:
+    """Issue 33: the doctor reads the process, not only the unit file. An active unit whose
+    EnvironmentFile was written after its process started (from the start time systemd gives
+    and the file's time, the file on a tree standing in for /) is a warning with the restart that
+    applies it."""
+    from ct200_tools.doctor.checks import run_checks  # noqa: PLC0415
+    from ct200_tools.spec import load_spec  # noqa: PLC0415
+
+    server = sf.the_server(sf.llama("serving")).name
+    name = engines.unit_name(server)
+    env_path = engines.env_path(server)
+    env = tmp_path / env_path.lstrip("/")
+    env.parent.mkdir(parents=True)
+    env.write_text("X=1\n")
+    started_mono_us = 1_000_000  # 1 s after this machine's monotonic clock started
+    show = (
+        f"Id={name}\nLoadState=loaded\nActiveState=active\nSubState=running\nResult=success\n"
+        f"NRestarts=0\nMainPID=42\nExecMainStatus=0\nNeedDaemonReload=no\n"
+        f"FragmentPath=/etc/systemd/system/{name}\n"
+        f"ExecMainStartTimestampMonotonic={started_mono_us}\n"
+    )
+    r = Replay(0, show)
+    r.root = tmp_path
+    got = probe_units(r, [name], "servers.units", {name: (env_path,)})
+    (reason,) = got[name].older_configuration
+    assert reason.startswith(f"{env_path} was written ") and "after the process started" in reason
+    facts = sf.server(sf.llama("serving"), unit=got[name])
+    verdict = {f.id: f for f in run_checks(facts, load_spec(sf.LLAMA_SPEC))}["server.unit"]
+    assert verdict.status == "warn", verdict
+    assert "is running an older configuration" in verdict.summary
+    fix = verdict.remediation
+    assert fix is not None and fix.command == f"systemctl restart {name}", fix

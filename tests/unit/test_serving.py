@@ -9,6 +9,7 @@ controller has no systemd as PID 1). tests/testbed/test_servers.py switches real
 from __future__ import annotations
 
 import base64
+import dataclasses
 import http.server
 import importlib.util
 import json
@@ -497,3 +498,14 @@ def test_a_damaged_serving_set_prints_a_command_that_repairs_it_when_pasted(
     assert commands == [f"rm -f {state}"], err.value.fix
     subprocess.run(["bash", "-c", commands[0]], check=True, timeout=10)
     assert serving.read_state(state) is None
+
+
+def test_a_wanted_server_on_an_older_configuration_is_restarted(site: SiteSpec) -> None:
+    """Issue 33: a switch that serves a server whose process predates its files restarts it (stop,
+    then start), and only it; the other running server of the set is kept."""
+    previous = serving.serving_set(site, None)
+    machine = units(site, QWEN, QWEN)
+    stale = dataclasses.replace(machine, stale=frozenset({engine.unit_name(QWEN[0])}))
+    p = plan(site, previous, list(QWEN), stale)
+    assert [s.name for s in p.stop] == [QWEN[0]] and [s.name for s in p.start] == [QWEN[0]]
+    assert [s.name for s in p.keep] == [QWEN[1]] and p.changed

@@ -671,16 +671,6 @@ WARNINGS = [
         "cleans at boot",
         id="source-in-tmp",
     ),
-    pytest.param(
-        {
-            "servers[1].engine": "command",
-            "servers[1].speculative": DROP,
-            "servers[1].command": ["/bin/srv", "--port", "8080"],
-        },
-        "servers[1].command",
-        "port 30001",
-        id="command-without-its-port",
-    ),
 ]
 
 
@@ -905,7 +895,7 @@ def test_round_trip_with_nulls_lists_and_a_command_server() -> None:
             "tuning.numa_balancing": None,
             "servers[1].engine": "command",
             "servers[1].speculative": DROP,
-            "servers[1].command": ["/bin/srv", "--x"],
+            "servers[1].command": ["/bin/srv", "--x", "--port", "30001"],
             "servers[0].args.json-model-override-args": '{"a": 1}',
             "servers[0].args.ports": [1, 2],
             "models[0].staged": "/srv/qwen",  # a warning survives the trip too
@@ -979,3 +969,20 @@ def test_validate_example_with_one_value_replaced(
         target = target[token]
     target[path[-1]] = value
     validate_or_spec_error(data)
+
+
+@pytest.mark.parametrize("port_arg", [["--port", "30002"], [], ["--port=300011"]])
+def test_a_command_that_does_not_pass_the_port_is_an_error(port_arg: list[str]) -> None:
+    """Issue 33: a warning let the play wait the whole start timeout on a port nothing listens
+    on, and blame the timeout; now validation refuses it before anything changes."""
+    issues = issues_of(
+        changed(
+            {
+                "servers[1].engine": "command",
+                "servers[1].speculative": DROP,
+                "servers[1].env": DROP,
+                "servers[1].command": ["/usr/bin/llama-server", *port_arg],
+            }
+        )
+    )
+    issue_at(issues, "servers[1].command", "no argument of the command is the port 30001", "error")

@@ -410,16 +410,42 @@ def _judge_unit(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
                 Remedy("read why, then restart it", where(ctx), journal),
                 restarts,
             )
+        if u.older_configuration:
+            # Active, but not what its files say (issue 33: a port changed in the unit while the
+            # process kept the old one); the restart applies them.
+            reload = any("systemd has not read it" in x for x in u.older_configuration)
+            restart = f"systemctl restart {name}"
+            return _bad(
+                f"{name} is running an older configuration: "
+                + "; ".join(show(x, 300) for x in u.older_configuration),
+                Remedy(
+                    "restart it so it runs what its files say (site.yml restarts a server whose "
+                    "files it changed)",
+                    where(ctx),
+                    f"systemctl daemon-reload && {restart}" if reload else restart,
+                ),
+                warn=True,
+            )
         return _ok(f"{name} is {unit_state(u)}" + (f", {restarts}" if restarts else ""))
     last = f"last exit status {u.exec_main_status}" if u.exec_main_status is not None else ""
+    # What the engine said as it exited (escaped: it is the engine's text), under the verdict.
+    said_last = tuple(f"journal: {show(line, 400)}" for line in u.journal_tail)
     if u.active_state in ("activating", "reloading") and u.sub_state == "auto-restart":
-        # Between a failure and its restart: not loading, not serving.
+        # Between a failure and its restart: the engine exited, it does not serve; a failure,
+        # the root cause of its port not answering (issue 33: after a crash at boot the doctor
+        # blamed the port). Restarting it again does not help: the cause does.
         said = ", ".join(x for x in (f"restart {(u.n_restarts or 0) + 1}", last) if x)
         return _bad(
-            f"{name} is restarting after a failure ({said}): it does not serve now",
-            Remedy("read why it failed; systemd restarts it by itself", where(ctx), journal),
+            f"{name} exited and is restarting after a failure ({said}): it does not serve now",
+            Remedy(
+                "the engine's last lines say why it exited: fix that (a flag or setting of the "
+                "spec: change it and run site.yml, which restarts the server and puts the "
+                "previous configuration back if it still does not serve)",
+                where(ctx),
+                journal,
+            ),
             restarts,
-            warn=True,
+            *said_last,
         )
     if u.active_state in ("activating", "reloading"):
         return _bad(
@@ -442,6 +468,7 @@ def _judge_unit(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
                 where(ctx),
                 f"{journal}\nsystemctl reset-failed {name} && systemctl start {name}",
             ),
+            *said_last,
         )
     if u.active_state == "failed" or (u.result and u.result != "success"):
         return _bad(
@@ -453,6 +480,7 @@ def _judge_unit(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
                 f"{journal}\nsystemctl reset-failed {name} && systemctl start {name}",
             ),
             restarts,
+            *said_last,
         )
     return _bad(
         f"{name} is {unit_state(u)}",
@@ -464,15 +492,19 @@ def _judge_unit(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
 @server_check("server.unit", "server unit active")
 def check_unit(ctx: Context) -> Outcome:
     """The server's systemd unit ct200-server-NAME.service is active (running), as
-    `systemctl show` gives it (ActiveState, SubState, Result, NRestarts). A unit still starting
-    (activating: its gate, the model load or the readiness poll) is a warning, and one between a
-    failure and its automatic restart (auto-restart) says it is restarting, with the restart
-    number and the last exit status; a failed one names its result (exit-code, timeout) and the
-    journal to read. A unit failed after START_LIMIT_BURST restarts (or start-limit-hit) is named
-    a crash loop with the last exit status: each start that served reset the count (the unit's
-    last ExecStartPost=), so these starts failed in a row. When its gate
-    failed on device nodes, CUDA, a model that is not staged, a missing engine or a taken port,
-    that check is the root cause."""
+    `systemctl show` gives it (ActiveState, SubState, Result, NRestarts), and its process runs
+    what its files say: an active unit with NeedDaemonReload, or whose unit, EnvironmentFile or
+    config was written after its process started, is a warning "running an older
+    configuration" with the restart that applies them. A unit still starting
+    (activating: its gate, the model load or the readiness poll) is a warning; one between a
+    failure and its automatic restart (auto-restart) is a failure, the root cause of its port
+    not answering: the engine exited, with the restart number, the last exit status and the
+    engine's last journal lines (escaped); a failed one names its result (exit-code, timeout),
+    its last journal lines and the journal to read. A unit failed after START_LIMIT_BURST
+    restarts (or start-limit-hit) is named a crash loop with the last exit status: each start
+    that served reset the count (the unit's last ExecStartPost=), so these starts failed in a
+    row. When its gate failed on device nodes, CUDA, a model that is not staged, a missing
+    engine or a taken port, that check is the root cause."""
     return _each(ctx, _judge_unit)
 
 

@@ -58,7 +58,15 @@ def probe_servers(
     if not servers:
         return ()
     units = (
-        probe_units(r, [engines.unit_name(s.name) for s in servers], "servers.units")
+        probe_units(
+            r,
+            [engines.unit_name(s.name) for s in servers],
+            "servers.units",
+            {
+                engines.unit_name(s.name): (engines.env_path(s.name), engines.config_path(s.name))
+                for s in servers
+            },
+        )
         if live
         else {}
     )
