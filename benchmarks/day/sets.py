@@ -2,8 +2,8 @@
 the plan cut into one plan per set for `ct200-bench run PLAN --target URL`.
 
 The site spec there is the one a CT200 would carry (a GPU, staged models under /dev/shm, the
-program on the path); `machine_site` puts this machine's program, model file and, on the CPU, no
-GPU into a copy, and changes nothing else: every set's speculative block and passthrough args
+program on the path); `machine_raw` puts this machine's program, model files and GPU (or none) into
+a copy, and changes nothing else: every set's speculative block and passthrough args
 are rendered by the engine module as written, so what starts here is what the spec says.
 """
 
@@ -38,26 +38,30 @@ def set_names() -> list[str]:
     return [s["name"] for s in raw_site()["servers"]]
 
 
-def machine_site(
+def machine_raw(
     *,
     program: Path,
-    staged: Mapping[str, Path],
-    gpu: bool,
+    staged: Mapping[str, Path] | None = None,
+    source: Mapping[str, Path] | None = None,
+    gpu: str | None,
     args: Mapping[str, Any] | None = None,
     port: int | None = None,
-) -> SiteSpec:
-    """The day's site for this machine: `program` as every server's command, each model's
-    staged path from `staged` (model name -> a GGUF file or a directory holding model.gguf),
-    the draft paths following their models, no GPU where `gpu` is false (gpus: [] and no
-    draft_ngl: llama-server on the CPU), `args` over each server's args, `port` for all."""
+) -> dict[str, Any]:
+    """The day's site (`ct200_site`'s value) for this machine: `program` as every server's
+    command; each model's staged path (a GGUF file or a directory holding model.gguf) and
+    persistent copy from `staged` and `source` (model name -> path), the draft paths following
+    their models; `gpu` the GPU's model as NVML names it, or None for llama-server on the CPU
+    (no GPU: gpus: [] and no draft_ngl); `args` over each server's args, `port` for all."""
     site = copy.deepcopy(raw_site())
     moved = {}
     for model in site["models"]:
-        if model["name"] in staged:
-            moved[model["staged"]] = str(staged[model["name"]])
-            model["staged"] = str(staged[model["name"]])
-    if not gpu:
-        site["gpus"] = {"count": 0, "model": "none"}
+        name = model["name"]
+        if source and name in source:
+            model["source"] = str(source[name])
+        if staged and name in staged:
+            moved[model["staged"]] = str(staged[name])
+            model["staged"] = str(staged[name])
+    site["gpus"] = {"count": 1, "model": gpu} if gpu else {"count": 0, "model": "none"}
     for server in site["servers"]:
         server["command"] = [str(program)]
         server["args"] = {**server.get("args", {}), **(args or {})}
@@ -70,7 +74,12 @@ def machine_site(
             server["gpus"] = []
             if spec is not None:
                 spec.pop("draft_ngl", None)
-    return validate(site)
+    return site
+
+
+def machine_site(**kwargs: Any) -> SiteSpec:
+    """machine_raw, validated as the tools read it."""
+    return validate(machine_raw(**kwargs))
 
 
 def set_plan(name: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -60,7 +60,7 @@ def day(llama_binary: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathF
     site = sets.machine_site(
         program=llama_binary,
         staged=staged,
-        gpu=False,
+        gpu=None,
         args={"parallel": 2, "ctx-size": 1024, "threads": 1},
         port=free_port(),
     )

@@ -92,6 +92,8 @@ def test_speed_up_over_the_baseline_with_its_noise(day: Path, tmp_path: Path) ->
         assert ups["ar", base.workload, c].value == 1.0
     rows = speedup.rows(loaded, "ar")
     assert [r[:2] for r in rows] == [["ar", "1"], ["ar", "2"], ["spec", "1"], ["spec", "2"]]
+    # The baseline's rows come first, whatever its name.
+    assert [r[0] for r in speedup.rows(loaded, "spec")] == ["spec", "spec", "ar", "ar"]
     assert all(r[5].startswith("1.00 ± ") for r in rows[:2])
     assert all(r[4] == "-" for r in rows[:2]) and all(r[4].startswith("2.00") for r in rows[2:])
     # Without a baseline the column is empty; a baseline the results lack is refused (exit 2).
