@@ -141,6 +141,10 @@ def main() -> int:
     from benchmarks.day import sets  # noqa: PLC0415
     from tests.gpu import llama_cuda, nvsmi  # noqa: PLC0415
 
+    names = args.sets.split(",") if args.sets else sets.set_names()
+    unknown = sorted(set(names) - set(sets.set_names()))
+    if unknown:  # before a build of minutes
+        raise SystemExit(f"--sets: no serving set {unknown}; the day has {sets.set_names()}")
     reason = llama_cuda.missing()
     if reason:
         raise SystemExit(reason)
@@ -159,10 +163,6 @@ def main() -> int:
     site = args.work / "site.yml"
     site.write_text(yaml.safe_dump({"ct200_site": raw}, sort_keys=False))
     shutil.copy(site, args.out / "site.yml")
-    names = args.sets.split(",") if args.sets else sets.set_names()
-    unknown = sorted(set(names) - set(sets.set_names()))
-    if unknown:
-        raise SystemExit(f"--sets: no serving set {unknown}; the day has {sets.set_names()}")
     failed = 0
     for name in names:
         got = measure(args.work, site, name, args.full)
