@@ -1,5 +1,5 @@
 """`ct200-bench report`: results directories -> one self-contained HTML file, PNG plots, a
-Markdown table and a LaTeX table.
+Markdown table and a LaTeX table; against a baseline, the incident's table too (speedup.py).
 
 Configurations sit side by side: one series per serving set (and workload, when there are
 several), one column per load. Every label comes from results files, which are untrusted: it is
