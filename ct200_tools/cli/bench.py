@@ -34,6 +34,7 @@ Examples:
   ct200-bench run plan.yml --target https://gpu-1:8000 --api-key-env VLLM_API_KEY --out r/
       the server's --api-key, sent as Authorization: Bearer (never printed nor stored)
   ct200-bench report results/ --out report/
+  ct200-bench report results/ --out report/ --baseline ar   speed-up over ar (speedup.tex)
   ct200-bench compare old-results/ new-results/
 
 \b
