@@ -9,9 +9,14 @@ need_apt=()
 # cmake, g++ and make build the testbed's llama-server once per machine (testbed/llama_build.py).
 for pkg in python3-venv:python3 debootstrap:debootstrap systemd-container:systemd-nspawn \
            iproute2:ip openssh-client:ssh pciutils:setpci systemd:systemd-analyze \
-           cmake:cmake g++:g++ make:make strace:strace; do
+           cmake:cmake g++:g++ make:make strace:strace \
+           texlive-latex-base:pdflatex poppler-utils:pdftoppm; do
   command -v "${pkg#*:}" >/dev/null 2>&1 || need_apt+=("${pkg%%:*}")
 done
+# pdflatex compiles ct200-bench report's speedup.tex in tests/unit (booktabs is in the
+# recommended set): about 48 MB to download, 150 MB installed with TeX Live's base.
+{ command -v kpsewhich >/dev/null && kpsewhich booktabs.sty >/dev/null; } ||
+  need_apt+=(texlive-latex-recommended)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

@@ -88,7 +88,13 @@ TESTBED_GROUPS = {
         "test_server_units",
         "test_testbed_harness",
     ),
-    "llama": ("test_recovery", "test_servers", "test_bench_managed", "test_converge"),
+    "llama": (
+        "test_recovery",
+        "test_servers",
+        "test_bench_managed",
+        "test_bench_day_managed",
+        "test_converge",
+    ),
     "matrix": ("test_fault_matrix",),
 }
 TESTBED_ORDER = tuple(m for modules in TESTBED_GROUPS.values() for m in modules)

@@ -194,15 +194,17 @@ def app(args: argparse.Namespace) -> web.Application:  # noqa: PLR0915 - one ser
             await resp.write(_token(chat, i < args.reasoning, finish, n_tokens))
         timings = {}
         if args.timings:
-            # llama-server's shape; a draft that proposed two tokens for each one kept.
+            # llama-server's shape; a draft that proposed two tokens for each one kept, kept half
+            # the tokens after the first (which the prompt's evaluation samples, not a draft).
+            kept = (max_tokens - 1) // 2
             timings = {
                 "timings": {
                     "prompt_n": prompt_tokens,
                     "predicted_n": max_tokens,
                     "predicted_ms": 1000 * args.itl * max(max_tokens - 1, 0),
                     "predicted_per_token_ms": 1000 * args.itl,
-                    "draft_n": 2 * max_tokens,
-                    "draft_n_accepted": max_tokens,
+                    "draft_n": 2 * kept,
+                    "draft_n_accepted": kept,
                 }
             }
         completion = max_tokens if args.usage_tokens is None else args.usage_tokens

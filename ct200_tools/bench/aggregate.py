@@ -34,8 +34,16 @@ FIGURES: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("itl_p99_ms", ("itl_ms", "p99"), False),
     ("e2e_p50_ms", ("e2e_ms", "p50"), False),
     ("acceptance_length", ("speculative", "acceptance_length"), True),
+    ("acceptance_rate", ("speculative", "acceptance_rate"), True),
 )
 HIGHER_IS_BETTER = {name: higher for name, _, higher in FIGURES}
+#: Where a point without the first path has the figure still: llama-server reports acceptance
+#: per request (`engine_timings`, summed over the point), vLLM and SGLang on /metrics
+#: (`speculative`). A point has one or the other.
+FALLBACK: dict[str, tuple[str, ...]] = {
+    "acceptance_length": ("engine_timings", "acceptance_length"),
+    "acceptance_rate": ("engine_timings", "acceptance_rate"),
+}
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,15 @@ def stat(values: Sequence[float]) -> Stat | None:
         return Stat(mean, None, 1)
     var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
     return Stat(mean, math.sqrt(var), len(values))
+
+
+def _at(point: dict[str, object], path: tuple[str, ...]) -> float | None:
+    value: object = point
+    for part in path:
+        value = value.get(part) if isinstance(value, dict) else None
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 @dataclass
@@ -81,11 +98,11 @@ class Group:
         path = next(p for n, p, _ in FIGURES if n == name)
         values = []
         for point in self.points:
-            value: object = point
-            for part in path:
-                value = value.get(part) if isinstance(value, dict) else None
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                values.append(float(value))
+            value = _at(point, path)
+            if value is None and name in FALLBACK:
+                value = _at(point, FALLBACK[name])
+            if value is not None:
+                values.append(value)
         return stat(values)
 
     def flags(self) -> list[str]:

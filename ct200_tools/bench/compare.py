@@ -21,7 +21,8 @@ from ct200_tools.bench.aggregate import HIGHER_IS_BETTER, Group, Loaded
 from ct200_tools.bench.identity import WHAT
 from ct200_tools.untrusted import show
 
-#: acceptance_length only where both sides measured speculative decoding (vLLM, SGLang).
+#: acceptance_length only where both sides measured speculative decoding (vLLM's or SGLang's
+#: /metrics, llama-server's per-request timings: aggregate.FALLBACK).
 COMPARED = (
     "output_tokens_per_s",
     "ttft_p50_ms",

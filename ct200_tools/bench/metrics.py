@@ -170,7 +170,27 @@ def engine_timings(done: Sequence[RequestResult]) -> dict[str, object] | None:
         "draft_n": drafted,
         "draft_n_accepted": accepted,
         "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+        "acceptance_length": acceptance_length(timed) if drafted else None,
     }
+
+
+def acceptance_length(timed: Sequence[dict[str, float]]) -> float | None:
+    """Tokens per decoding step of the target model, the bonus token included, over the
+    requests' steps after their first token (which the prompt's evaluation samples): each step
+    yields its accepted draft tokens and one of its own, so a request of predicted_n tokens took
+    predicted_n - 1 - draft_n_accepted steps after the first. This is llama-server's own `mean
+    len` (its log's `draft acceptance` line: 1 + accepted / drafting steps) wherever every step
+    drafts (a draft model; --spec-synth-len asks for this figure), and lower where some steps
+    draft nothing (n-gram lookup finding no match), which count as steps of one token.
+    None without a request that reported predicted_n."""
+    steps = tokens = 0.0
+    for t in timed:
+        n, acc = t.get("predicted_n"), t.get("draft_n_accepted", 0.0)
+        if n is None or n < 1 or acc > n - 1:
+            continue  # no count, or one no step could have produced: not guessed at
+        tokens += n - 1
+        steps += n - 1 - acc
+    return round(tokens / steps, 4) if steps > 0 else None
 
 
 #: Prompt tokens a server may take from its cache beyond what a workload shares on purpose, with

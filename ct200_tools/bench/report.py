@@ -1,5 +1,5 @@
 """`ct200-bench report`: results directories -> one self-contained HTML file, PNG plots, a
-Markdown table and a LaTeX table.
+Markdown table and a LaTeX table; against a baseline, the incident's table too (speedup.py).
 
 Configurations sit side by side: one series per serving set (and workload, when there are
 several), one column per load. Every label comes from results files, which are untrusted: it is
@@ -245,11 +245,17 @@ def svg(title: str, ylabel: str, data: Series, marks: Series | None = None) -> s
     return "\n".join(parts)
 
 
-def html_page(loaded: Loaded, notes: Sequence[str]) -> str:
+def html_table(head: Sequence[str], cells: Sequence[Sequence[str]]) -> list[str]:
     e = html.escape
-    table = ["<table>", "<tr>" + "".join(f"<th>{e(h)}</th>" for h in HEAD) + "</tr>"]
-    table += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows(loaded)]
+    table = ["<table>", "<tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>"]
+    table += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in cells]
     table.append("</table>")
+    return table
+
+
+def html_page(loaded: Loaded, notes: Sequence[str], against: Sequence[str] = ()) -> str:
+    e = html.escape
+    table = html_table(HEAD, rows(loaded))
     charts = [
         svg(
             title,
@@ -282,6 +288,7 @@ def html_page(loaded: Loaded, notes: Sequence[str]) -> str:
             "sweep stopped = the level at which it stopped (gain: output tok/s gained less than "
             "the bound; goodput: too few requests met the SLO), higher levels were not run; "
             "cut = the point reached its max_seconds before sending every request.</p>",
+            *against,
             "<h2>Configurations</h2><p>Points pool as repetitions only when they measured the "
             "same host, server, engine version, model and server arguments.</p><ul>",
             *configs,
@@ -368,17 +375,36 @@ def pngs(loaded: Loaded, out_dir: str) -> tuple[list[str], list[str]]:
     return files, []
 
 
-def write(loaded: Loaded, out_dir: str) -> Written:
+def write(loaded: Loaded, out_dir: str, baseline: str | None = None) -> Written:
+    # speedup builds on this module's labels and escaping: imported here, not at the top.
+    from ct200_tools.bench import speedup  # noqa: PLC0415
+
     os.makedirs(out_dir, exist_ok=True)
     png_files, notes = pngs(loaded, out_dir)
     notes += loaded.notes
     if loaded.skipped:
         notes.append(f"{loaded.skipped} point(s) without a configuration or load were skipped")
+    what = (
+        f"aggregate output tok/s over {show(baseline, 80)}'s at the same workload and "
+        "concurrency (mean ± the noise of both sides' repetitions)"
+        if baseline is not None
+        else "no baseline given (ct200-bench report --baseline CONFIG)"
+    )
+    against = [
+        "<h2>Against the baseline</h2>",
+        *html_table(speedup.HEAD, speedup.rows(loaded, baseline)),
+        f"<p>Speed-up: {html.escape(what)}. Per-request tok/s: output tokens over end-to-end "
+        "latency of the point's mean request. Accept len: tokens per target-model step, the "
+        "bonus token included (vLLM's and SGLang's /metrics, llama-server's per-request "
+        "timings; docs/bench.md).</p>",
+    ]
     files = []
     for name, text in (
-        ("report.html", html_page(loaded, notes)),
+        ("report.html", html_page(loaded, notes, against)),
         ("table.md", markdown(loaded)),
         ("table.tex", latex(loaded)),
+        ("speedup.md", speedup.markdown(loaded, baseline)),
+        ("speedup.tex", speedup.latex_document(loaded, baseline)),
     ):
         path = os.path.join(out_dir, name)
         write_atomic(path, text)

@@ -34,6 +34,7 @@ Examples:
   ct200-bench run plan.yml --target https://gpu-1:8000 --api-key-env VLLM_API_KEY --out r/
       the server's --api-key, sent as Authorization: Bearer (never printed nor stored)
   ct200-bench report results/ --out report/
+  ct200-bench report results/ --out report/ --baseline ar   speed-up over ar (speedup.tex)
   ct200-bench compare old-results/ new-results/
 
 \b
@@ -289,15 +290,26 @@ def run(
 @cli.command()
 @click.argument("dirs", nargs=-1, required=True, metavar="DIR...")
 @click.option("--out", "out_dir", required=True, help="Directory for the report's files.")
-def report(dirs: tuple[str, ...], out_dir: str) -> None:
-    """Write report.html (self-contained), PNG plots, table.md and table.tex from DIR..."""
-    from ct200_tools.bench import aggregate  # noqa: PLC0415
+@click.option(
+    "--baseline",
+    help="A configuration (e.g. ar): every other one's speed-up over it, per workload and load.",
+)
+def report(dirs: tuple[str, ...], out_dir: str, baseline: str | None) -> None:
+    """Write report.html (self-contained), PNG plots, table.md, table.tex, speedup.md and
+    speedup.tex (a standalone LaTeX document) from DIR..."""
+    from ct200_tools.bench import aggregate, speedup  # noqa: PLC0415
     from ct200_tools.bench import report as rep  # noqa: PLC0415
 
     loaded = aggregate.load(dirs)
     if not loaded.groups:
         raise click.UsageError(f"no point in {', '.join(show(d) for d in dirs)}: nothing to report")
-    written = rep.write(loaded, out_dir)
+    if baseline is not None and baseline not in speedup.configs(loaded):
+        raise click.BadParameter(
+            f"{show(baseline, 80)} is no configuration of these results; they have "
+            + ", ".join(show(c, 80) for c in speedup.configs(loaded)),
+            param_hint="--baseline",
+        )
+    written = rep.write(loaded, out_dir, baseline)
     for note in written.notes:
         click.echo(f"ct200-bench report: note: {note}", err=True)
     for path in written.files:

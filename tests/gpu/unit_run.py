@@ -162,23 +162,23 @@ def drive(args: argparse.Namespace, scratch: Path, report: dict[str, Any]) -> No
     Path(env.get("HOME", scratch / "home")).mkdir(parents=True, exist_ok=True)
     report["environment"] = env
 
-    # Stage the model as the unit's Wants=ct200-stage@ unit would (manifest created here).
-    model = spec.model(server.model)
-    assert model is not None
-    report["stage"] = run(
-        [
-            str(bin_dir / "ct200-stage"),
-            "stage",
-            model.name,
-            "--spec",
-            "/etc/ct200/site.yml",
-            "--create-manifest",
-        ],
-        dict(os.environ),
-        600,
-    )
-    if report["stage"]["rc"] != 0:
-        return
+    # Stage the models as the unit's Wants=ct200-stage@ units would (manifests created here):
+    # the served one and a draft model declared under models (its stage_units).
+    for model in engines.models_of(spec, server):
+        report["stage"] = run(
+            [
+                str(bin_dir / "ct200-stage"),
+                "stage",
+                model.name,
+                "--spec",
+                "/etc/ct200/site.yml",
+                "--create-manifest",
+            ],
+            dict(os.environ),
+            600,
+        )
+        if report["stage"]["rc"] != 0:
+            return
 
     report["exec_start_pre"] = []
     for line in directives(files.unit, "ExecStartPre"):
