@@ -26,6 +26,13 @@ ARGS = ("--concurrency", "1,2,4", "--input-tokens", str(INPUT), "--output-tokens
 PER_RUN = 3 * (4 + 1)
 
 
+def evaluated_since(server: Server, start: int) -> list[int]:
+    """The prompt tokens llama-server evaluated for each request it logged after byte `start`."""
+    with server.log.open("rb") as f:
+        f.seek(start)
+        return [int(n) for n in EVAL.findall(f.read())]
+
+
 def test_a_sweep_and_a_second_run_evaluate_every_prompt_in_full(
     server: Server, tmp_path: Path
 ) -> None:
@@ -37,9 +44,7 @@ def test_a_sweep_and_a_second_run_evaluate_every_prompt_in_full(
             "--out", str(out), "--json", timeout=600,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stdout + proc.stderr
-    with server.log.open("rb") as f:
-        f.seek(start)
-        evaluated = [int(n) for n in EVAL.findall(f.read())]
+    evaluated = evaluated_since(server, start)
     points = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     # The tiny model's vocabulary is characters: two fresh prompts share their first letters by
     # chance, which the slack allows (a dozen tokens here, 4 with a word-level vocabulary).
@@ -70,9 +75,7 @@ def test_chat_requests_are_measured_and_fresh_past_the_template(
         "--out", str(out), "--json", timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    with server.log.open("rb") as f:
-        f.seek(start)
-        evaluated = [int(n) for n in EVAL.findall(f.read())]
+    evaluated = evaluated_since(server, start)
     points = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert len(evaluated) == 12 and len(points) == 3
     for p in points:
