@@ -9,7 +9,8 @@ models staged, the rendered unit's ExecStartPre (preflight, `ct200-doctor gate`)
 the unit's environment, ExecStartPost (wait-ready), the doctor's server checks, then the set's
 plan (the day's, one set) with `ct200-bench run PLAN --target URL --out WORK/results`. Every
 call then writes the report of all the sets measured so far (`--baseline ar`), compiles its
-speedup.tex with pdflatex when the machine has it, and copies results and report into --out.
+speedup.tex with pdflatex when the machine has it, and packs results, report and each set's
+unit run into --out/day.tar.gz.
 
 After `bash tests/gpu/carry_llama.sh` here, with the device tool (carry .gpu-carry), three
 calls within one warm machine, each under 10 minutes:
@@ -102,7 +103,8 @@ def report(work: Path, out: Path) -> int:
     if not (results / "results.jsonl").is_file():
         print("no results yet: nothing to report")
         return 0
-    rep = out / "report"
+    rep = work / "report"
+    shutil.rmtree(rep, ignore_errors=True)
     argv = [sys.executable, "-m", "ct200_tools.cli.bench", "report", str(results), "--out",
             str(rep), "--baseline", "ar"]  # fmt: skip
     rc = subprocess.run(argv, cwd=ROOT, check=False).returncode
@@ -115,8 +117,14 @@ def report(work: Path, out: Path) -> int:
             subprocess.run(png, cwd=rep, check=False)
     elif rc == 0:
         print("no pdflatex on this machine: speedup.tex is written, compile it elsewhere")
-    with tarfile.open(out / "results.tar.gz", "w:gz") as tar:
+    # One file back (the device tool brings 8 at most): results, report, each set's unit run.
+    with tarfile.open(out / "day.tar.gz", "w:gz") as tar:
         tar.add(results, arcname="results")
+        if rep.is_dir():
+            tar.add(rep, arcname="report")
+        for unit in sorted(work.glob("unit-*.json")):
+            tar.add(unit, arcname=f"units/{unit.name}")
+        tar.add(work / "site.yml", arcname="site.yml")
     return rc
 
 
@@ -162,11 +170,9 @@ def main() -> int:
     )
     site = args.work / "site.yml"
     site.write_text(yaml.safe_dump({"ct200_site": raw}, sort_keys=False))
-    shutil.copy(site, args.out / "site.yml")
     failed = 0
     for name in names:
         got = measure(args.work, site, name, args.full)
-        shutil.copy(args.work / f"unit-{name}.json", args.out / f"unit-{name}.json")
         failed += got.get("sweep", {}).get("rc") != 0
     rc = report(args.work, args.out)
     return 1 if failed or rc else 0

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -81,10 +82,13 @@ def test_the_report_step_writes_the_report_and_the_pdf(tmp_path: Path) -> None:
                 str(results), "--label", name,
             )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
+    (work / "site.yml").write_text("ct200_site: {}\n")
     assert gpu.report(work, out) == 0
-    rep = out / "report"
+    rep = work / "report"
     assert (rep / "report.html").is_file() and (rep / "speedup.tex").is_file()
-    assert (out / "results.tar.gz").is_file()
+    with tarfile.open(out / "day.tar.gz") as tar:  # the one file that comes back
+        names = set(tar.getnames())
+    assert {"results/results.jsonl", "report/speedup.tex", "site.yml"} <= names
     if shutil.which("pdflatex") is None:
         (pytest.fail if os.environ.get("CI") else pytest.skip)("no pdflatex: bash scripts/setup.sh")
     assert (rep / "speedup.pdf").read_bytes()[:5] == b"%PDF-"

@@ -40,3 +40,6 @@ for pyver in 3.10 3.11 3.12 3.13; do
     xxhash psutil aiohttp frozenlist multidict propcache yarl -d "$out/wheels"
 done
 ls -la "$out" "$out/wheels"
+# The key of a CUDA build carried back from the GPU machine (tests/gpu/llama_cuda.py: export()).
+mkdir -p "$out/llama-cuda"
+sha256sum "$out/llama-src.tar.xz" >"$out/llama-cuda/llama-src.sha256"

@@ -23,7 +23,8 @@ inference_servers role installs):
    NVML's compute processes as it does under systemd;
 5. `nvidia-smi --query-compute-apps` as ground truth for which GPU the process is on;
 6. optionally a benchmark sweep (argv given as JSON, `{url}` replaced by the server's URL);
-7. the cgroup killed and removed, the mounts gone with the namespace.
+7. the cgroup killed and removed, the mounts gone with the namespace, and the staged copies this
+   run made (absent before it) removed.
 """
 
 from __future__ import annotations
@@ -165,6 +166,11 @@ def drive(args: argparse.Namespace, scratch: Path, report: dict[str, Any]) -> No
     # Stage the models as the unit's Wants=ct200-stage@ units would (manifests created here):
     # the served one and a draft model declared under models (its stage_units).
     for model in engines.models_of(spec, server):
+        if not os.path.lexists(model.staged):
+            # Staged by this run alone: removed when it ends (main), since the manifest it
+            # creates lives under the private /var/lib/ct200 and goes with it: a later run would
+            # find the copy without its manifest, and the stage would rightly refuse it.
+            report.setdefault("staged_here", []).append(model.staged)
         report["stage"] = run(
             [
                 str(bin_dir / "ct200-stage"),
@@ -312,6 +318,8 @@ def main() -> int:
     finally:
         Path(args.report).write_text(json.dumps(report, indent=1))
         shutil.rmtree(scratch, ignore_errors=True)
+        for staged in report.get("staged_here", []):
+            shutil.rmtree(staged, ignore_errors=True)
     return 0
 
 
