@@ -62,6 +62,12 @@ def server_spans(log: bytes, rows: list[dict[str, object]], requests: int) -> No
             continue
         span = max(ended[t] for t in seg) - min(started[t] for t in seg)
         row["server_span_s"] = round(span, 4)
+        # How far apart the server launched the first wave (one request a slot): the shape of
+        # the load the client made, which both clients must share for their figures to agree.
+        level = row.get("concurrency")
+        if isinstance(level, int) and level > 1:
+            wave = sorted(started[t] for t in seg)[:level]
+            row["server_first_wave_spread_ms"] = round((wave[-1] - wave[0]) * 1000, 1)
         tokens = row.get("output_tokens")
         if isinstance(tokens, int) and span > 0:
             row["server_output_tokens_per_s"] = round(tokens / span, 2)
@@ -153,8 +159,8 @@ def table(rows: list[dict[str, object]], levels: list[int]) -> list[str]:
     out = [
         "| c | ct200-bench TTFT p50 ms | minimal TTFT p50 ms | diff | ct200-bench tok/s | "
         "minimal tok/s | ratio | server's own tok/s (bench / minimal) | "
-        "prompt tokens (bench / minimal) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "prompt tokens (bench / minimal) | first wave launched within ms (bench / minimal) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|---|---|",
     ]
     for level in levels:
 
@@ -171,9 +177,12 @@ def table(rows: list[dict[str, object]], levels: list[int]) -> list[str]:
         bp, mp = med("ct200-bench", "prompt_tokens_mean"), med("minimal", "prompt_tokens_mean")
         key = "server_output_tokens_per_s"
         bv, mv = med("ct200-bench", key), med("minimal", key)
+        key = "server_first_wave_spread_ms"
+        bw, mw = med("ct200-bench", key), med("minimal", key)
         out.append(
             f"| {level} | {bt:.2f} | {mt:.2f} | {bt - mt:+.2f} ms ({(bt - mt) / mt:+.1%}) | "
-            f"{bs:.1f} | {ms:.1f} | {bs / ms:.3f} | {bv:.1f} / {mv:.1f} | {bp:.1f} / {mp:.1f} |"
+            f"{bs:.1f} | {ms:.1f} | {bs / ms:.3f} | {bv:.1f} / {mv:.1f} | {bp:.1f} / {mp:.1f} | "
+            f"{bw:.0f} / {mw:.0f} |"
         )
     return out
 

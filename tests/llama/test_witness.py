@@ -47,5 +47,7 @@ def test_witness_benchmark(llama_binary: Path, tiny_model: Path, tmp_path: Path)
         lengths = {r["client"]: r["prompt_tokens_mean"] for r in rows if r["concurrency"] == level}
         assert lengths["ct200-bench"] == lengths["minimal"], lengths
     assert len(report["table"]) == 4 and report["table"][2].startswith("| 1 |")
-    assert report["table"][0].count("|") == report["table"][2].count("|") == 10
+    assert report["table"][0].count("|") == report["table"][2].count("|") == 11
+    # The load's shape by the server's log: how far apart the first wave launched.
+    assert all(r["server_first_wave_spread_ms"] >= 0 for r in rows if r["concurrency"] == 2)
     assert report["server_prompt_evals"]["count"] >= 16
