@@ -135,6 +135,8 @@ def main() -> int:
                         help="kept between calls: the model, the results")  # fmt: skip
     parser.add_argument("--sets", help="comma-separated serving sets (default: all)")
     parser.add_argument("--build-only", action="store_true")
+    parser.add_argument("--report-only", action="store_true",
+                        help="report what --work holds (after a call cut short)")  # fmt: skip
     parser.add_argument("--full", action="store_true", help="the plan as written")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -149,6 +151,8 @@ def main() -> int:
     from benchmarks.day import sets  # noqa: PLC0415
     from tests.gpu import llama_cuda, nvsmi  # noqa: PLC0415
 
+    if args.report_only:
+        return report(args.work, args.out)
     names = args.sets.split(",") if args.sets else sets.set_names()
     unknown = sorted(set(names) - set(sets.set_names()))
     if unknown:  # before a build of minutes
