@@ -55,6 +55,19 @@ SIZE: dict[str, Any] = {
     "max_seconds": 30,
     "warmup": 2,
 }  # fmt: skip
+#: The day cut to what a tests/gpu test affords (tests/gpu/test_day.py): two loads, two
+#: repetitions (a noise), short answers.
+SMOKE: dict[str, Any] = {
+    "workloads": [
+        {"name": "chat-fresh", "endpoint": "chat", "input_tokens": 64, "output_tokens": 64,
+         "requests": 8},
+    ],
+    "concurrency": [1, 4],
+    "repetitions": 2,
+    "max_seconds": 30,
+    "warmup": 1,
+}  # fmt: skip
+SIZES = {"session": SIZE, "smoke": SMOKE}
 #: The port of the earlier GPU runs (tests/gpu), away from the usual 8080.
 PORT = 18180
 
@@ -72,10 +85,10 @@ def model_dir(work: Path) -> Path:
     return src
 
 
-def measure(work: Path, site: Path, name: str, full: bool) -> dict[str, Any]:
+def measure(work: Path, site: Path, name: str, size: dict[str, Any] | None) -> dict[str, Any]:
     from benchmarks.day import sets  # noqa: PLC0415
 
-    plan = sets.write_plan(work / f"plan-{name}.yml", sets.set_plan(name, None if full else SIZE))
+    plan = sets.write_plan(work / f"plan-{name}.yml", sets.set_plan(name, size))
     sweep = [sys.executable, "-m", "ct200_tools.cli.bench", "run", str(plan), "--target", "{url}",
              "--out", str(work / "results")]  # fmt: skip
     report = work / f"unit-{name}.json"
@@ -138,6 +151,8 @@ def main() -> int:
     parser.add_argument("--report-only", action="store_true",
                         help="report what --work holds (after a call cut short)")  # fmt: skip
     parser.add_argument("--full", action="store_true", help="the plan as written")
+    parser.add_argument("--size", choices=sorted(SIZES), default="session",
+                        help="the plan cut to a device session (default) or a test")  # fmt: skip
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -176,10 +191,24 @@ def main() -> int:
     site.write_text(yaml.safe_dump({"ct200_site": raw}, sort_keys=False))
     failed = 0
     for name in names:
-        got = measure(args.work, site, name, args.full)
+        got = measure(args.work, site, name, None if args.full else SIZES[args.size])
         failed += got.get("sweep", {}).get("rc") != 0
     rc = report(args.work, args.out)
-    return 1 if failed or rc else 0
+    return 1 if failed or rc or not judged(args.work, names) else 0
+
+
+def judged(work: Path, names: list[str]) -> bool:
+    """benchmarks/day/checks.py on what this call measured: its verdict printed."""
+    from benchmarks.day import checks  # noqa: PLC0415
+
+    path = work / "results" / "results.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    points = [p for p in map(json.loads, lines) if p.get("serving_set") in names]
+    found = checks.problems(points, want_sets=names)
+    for problem in found:
+        print(f"day check: {problem}", flush=True)
+    print(f"day checks: {len(points)} points of {names}, {len(found)} problems", flush=True)
+    return not found
 
 
 if __name__ == "__main__":
