@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import re
 import socket
 import statistics
@@ -155,6 +156,10 @@ def run_minimal(args: argparse.Namespace, base: str, level: int) -> dict[str, ob
     return result
 
 
+def _ms(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.0f}"  # NaN: no figure (one request a wave)
+
+
 def table(rows: list[dict[str, object]], levels: list[int]) -> list[str]:
     out = [
         "| c | ct200-bench TTFT p50 ms | minimal TTFT p50 ms | diff | ct200-bench tok/s | "
@@ -182,7 +187,7 @@ def table(rows: list[dict[str, object]], levels: list[int]) -> list[str]:
         out.append(
             f"| {level} | {bt:.2f} | {mt:.2f} | {bt - mt:+.2f} ms ({(bt - mt) / mt:+.1%}) | "
             f"{bs:.1f} | {ms:.1f} | {bs / ms:.3f} | {bv:.1f} / {mv:.1f} | {bp:.1f} / {mp:.1f} | "
-            f"{bw:.0f} / {mw:.0f} |"
+            f"{_ms(bw)} / {_ms(mw)} |"
         )
     return out
 

@@ -12,12 +12,13 @@ call then writes the report of all the sets measured so far (`--baseline ar`), c
 speedup.tex with pdflatex when the machine has it, and packs results, report and each set's
 unit run into --out/day.tar.gz.
 
-After `bash tests/gpu/carry_llama.sh` here, with the device tool (carry .gpu-carry), three
-calls within one warm machine, each under 10 minutes:
+After `bash tests/gpu/carry_llama.sh` here, with the device tool (carry .gpu-carry), calls
+within one warm machine, each under 10 minutes (benchmarks/day/README.md; `--build-only` also
+writes the binary into $OUT, for later calls to carry instead of building):
 
-    python3 benchmarks/day/gpu.py --out $OUT --build-only
     python3 benchmarks/day/gpu.py --out $OUT --sets ar,draft-self-4,draft-self-8
-    python3 benchmarks/day/gpu.py --out $OUT --sets synth-2,synth-4,ngram
+    python3 benchmarks/day/gpu.py --out $OUT --sets synth-2
+    python3 benchmarks/day/gpu.py --out $OUT --sets synth-4,ngram
 
 The plan is sized to a device session (SIZE below: fresh chat prompts only, 32 requests of 128
 tokens a point, every level of 1..32, 3 repetitions); `--full` runs the plan as written (both
@@ -182,6 +183,8 @@ def main() -> int:
     print(f"model: {(src / 'model.gguf').stat().st_size / 1e9:.2f} GB, "
           f"{time.monotonic() - t0:.0f} s so far", flush=True)  # fmt: skip
     if args.build_only:
+        if build_s:
+            print(f"binary parts: {[p.name for p in llama_cuda.export(binary, args.out)]}")
         return 0
     gpu = nvsmi.query_gpus()[0]["name"].removeprefix("NVIDIA ").strip()
     raw = sets.machine_raw(
