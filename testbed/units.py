@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ct200_tools.serve.engines import exec_words
+
 UNIT_SUFFIXES = (
     ".service",
     ".socket",
@@ -93,30 +95,8 @@ STANDIN = (
 
 
 def unquote(line: str) -> list[str]:
-    """How systemd splits an Exec*= line (systemd.service(5), "Command lines"): words separated
-    by spaces, double or single quotes around a word, C escapes inside; then $$ -> $ and %% -> %
-    (specifiers and variables are expanded before, so doubled ones stand for themselves)."""
-    words: list[str] = []
-    i = 0
-    while i < len(line):
-        if line[i] == " ":
-            i += 1
-            continue
-        word, quote = "", ""
-        while i < len(line) and (quote or line[i] != " "):
-            c = line[i]
-            if not quote and c in "\"'":
-                quote = c
-            elif c == quote:
-                quote = ""
-            elif c == "\\":
-                i += 1
-                word += {"n": "\n", "t": "\t"}.get(line[i], line[i])
-            else:
-                word += c
-            i += 1
-        words.append(word.replace("$$", "$").replace("%%", "%"))
-    return words
+    """How systemd splits an Exec*= line: the project's own reading (engines.exec_words)."""
+    return exec_words(line)
 
 
 def programs(unit_text: str) -> list[str]:

@@ -187,6 +187,7 @@ def switch_lines(report: Any) -> list[str]:
 def status(spec_path: str | None, as_json: bool) -> None:
     """The serving set, where it comes from, and each server's unit."""
     from ct200_tools.serve import engines, serving  # noqa: PLC0415
+    from ct200_tools.serve.chain import listening  # noqa: PLC0415
     from ct200_tools.serve.running import read as read_running  # noqa: PLC0415
     from ct200_tools.serve.systemd import Systemd  # noqa: PLC0415
     from ct200_tools.untrusted import show  # noqa: PLC0415
@@ -203,12 +204,20 @@ def status(spec_path: str | None, as_json: bool) -> None:
             for s in site.servers
         },
     )
+    # An active unit whose port refuses connections is not serving (issue 33).
+    active = {s.name for s in site.servers if units[engines.unit_name(s.name)].active == "active"}
+    ports = {
+        s.name: listening(engines.connect_host(s.host), s.port)
+        for s in site.servers
+        if s.name in active and s.port is not None
+    }
     rows = [
         {
             "name": s.name,
             "in_set": s.name in chosen.names,
             "unit": engines.unit_name(s.name),
             "active": units[engines.unit_name(s.name)].active,
+            "listening": ports.get(s.name),
             "enabled": units[engines.unit_name(s.name)].file_state,
             "url": engines.base_url(s),
             "served_name": engines.served_name(s),
@@ -239,6 +248,11 @@ def status(spec_path: str | None, as_json: bool) -> None:
             f" {mark} {row['name']:<24} {row['active']:<12} {row['enabled']:<9} {row['url']}"
         )
         got = running[str(row["unit"])]
+        if row["listening"] is False:
+            click.echo(
+                f"     not serving: nothing listens on {row['url']}"
+                + ("" if got.stale else f"; `systemctl restart {row['unit']}`")
+            )
         if got.stale:
             click.echo(f"     {got.describe()}")
 

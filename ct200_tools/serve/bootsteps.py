@@ -39,9 +39,11 @@ UNIT_PROPERTIES: Final = (
 MANAGER_PROPERTIES: Final = ("UserspaceTimestampMonotonic", "FinishTimestampMonotonic")
 
 #: Step states. ok: active; starting: its start job runs; failed; masked; off: not started
-#: (or stopped) although the chain needs it (a disabled unit, after a boot).
+#: (or stopped) although the chain needs it (a disabled unit, after a boot); not-listening: a
+#: server's unit is active but nothing accepts connections on the port its spec names.
 OK: Final = "ok"
-STATES: Final = ("ok", "starting", "failed", "masked", "off")
+NOT_LISTENING: Final = "not-listening"
+STATES: Final = ("ok", "starting", "failed", "masked", "off", NOT_LISTENING)
 
 #: The detail of an "off" step whose unit ran at this boot and was stopped since.
 STOPPED_AFTER_RUNNING: Final = "stopped after it ran at this boot"

@@ -17,9 +17,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from ct200_tools.provisioned import PROVISIONED, playbook_command
@@ -27,6 +28,7 @@ from ct200_tools.serve import engines as engine
 from ct200_tools.serve.bootsteps import (
     BOOT_ID_PATH,
     MANAGER_PROPERTIES,
+    NOT_LISTENING,
     OK,
     STATES,
     STOPPED_AFTER_RUNNING,
@@ -53,6 +55,7 @@ from ct200_tools.untrusted import show
 __all__ = [
     "BOOT_ID_PATH",
     "MANAGER_PROPERTIES",
+    "NOT_LISTENING",
     "OK",
     "STATES",
     "TEXTFILE",
@@ -67,11 +70,13 @@ __all__ = [
     "fix_of",
     "gate_server",
     "lines",
+    "listening",
     "parse_blocks",
     "plan",
     "read",
     "step_of",
     "textfile",
+    "with_ports",
 ]
 
 #: The container's report, in the directory node-exporter reads.
@@ -107,7 +112,50 @@ def unreadable(reason: str, boot: str) -> Chain:
     return Chain((), "", (), None, boot_id=boot, reason=reason)
 
 
-def read(site: SiteSpec, chosen: ServingSet, systemd: Systemd, journal_lines: int = 15) -> Chain:
+#: How long a server's port may take to accept a connection before it is "cannot tell".
+LISTEN_TIMEOUT_S: Final = 1.0
+
+
+def listening(host: str, port: int, timeout_s: float = LISTEN_TIMEOUT_S) -> bool | None:
+    """Whether something accepts TCP connections on host:port now: False when refused, None
+    when it cannot be told (a timeout, no route: the chain then claims nothing either way)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except ConnectionRefusedError:
+        return False
+    except OSError:
+        return None
+
+
+def with_ports(chain: Chain, chosen: ServingSet, probe: Callable[[str, int], bool | None]) -> Chain:
+    """An active server whose port refuses connections is not serving (issue 33: after a port
+    change the process still listened on the old one, and the chain said serving)."""
+    ports = {s.name: (engine.connect_host(s.host), s.port) for s in chosen.servers}
+    steps = []
+    for step in chain.steps:
+        host, port = ports.get(step.name, ("", None)) if step.kind == "server" else ("", None)
+        deaf = step.ok and port is not None and probe(host, port) is False
+        steps.append(
+            dataclasses.replace(
+                step,
+                state=NOT_LISTENING,
+                detail=f"{step.detail}, but nothing listens on {show(host, 100)}:{port}",
+                failed_at="port",
+            )
+            if deaf
+            else step
+        )
+    return dataclasses.replace(chain, steps=tuple(steps))
+
+
+def read(
+    site: SiteSpec,
+    chosen: ServingSet,
+    systemd: Systemd,
+    journal_lines: int = 15,
+    probe: Callable[[str, int], bool | None] = listening,
+) -> Chain:
     """The chain on this machine now, with the journal tail of the step where it stopped."""
     units = [unit for _, _, unit in plan(site, chosen)]
     blocks = parse_blocks(systemd.show_text(units, UNIT_PROPERTIES)) if units else []
@@ -115,8 +163,9 @@ def read(site: SiteSpec, chosen: ServingSet, systemd: Systemd, journal_lines: in
     chain = dataclasses.replace(
         build(site, chosen, blocks, manager[0] if manager else {}), boot_id=boot_id()
     )
+    chain = with_ports(chain, chosen, probe)
     stopped = chain.stopped
-    if stopped is None or stopped.state not in ("failed", "starting"):
+    if stopped is None or stopped.state not in ("failed", "starting", NOT_LISTENING):
         return chain
     journal = tuple(systemd.journal(stopped.unit, journal_lines))
     return dataclasses.replace(chain, journal=journal)
@@ -184,6 +233,14 @@ def fix_of(step: Step) -> str:
         )
     if step.state == "starting":
         return "it is still starting: wait, then run `ct200-serve chain` again"
+    if step.state == NOT_LISTENING:
+        # The usual cause: its unit changed (the port) and the process runs the older one,
+        # which a note below names; a restart applies the unit either way.
+        return (
+            f"its process runs but does not accept connections on the spec's port: "
+            f"`systemctl restart {step.unit}` starts it on its unit's configuration; if it "
+            f"still does not listen, its journal (`journalctl -u {step.unit}`) says why"
+        )
     if step.kind == "stage":
         # Its journal (above) names the cause and its fix: a missing persistent copy, a
         # /dev/shm smaller than the spec says, no memory left.

@@ -248,6 +248,45 @@ def exec_line(words: list[str]) -> str:
     return " ".join(exec_arg(w, first=i == 0) for i, w in enumerate(words))
 
 
+def exec_words(line: str) -> list[str]:
+    """How systemd splits an Exec*= line (systemd.service(5), "Command lines"), the inverse of
+    exec_line: words separated by spaces, double or single quotes around a word, C escapes
+    inside; then $$ -> $ and %% -> % (specifiers and variables are expanded before, so doubled
+    ones stand for themselves). A trailing lone backslash stands for itself."""
+    words: list[str] = []
+    i = 0
+    while i < len(line):
+        if line[i] == " ":
+            i += 1
+            continue
+        word, quote = "", ""
+        while i < len(line) and (quote or line[i] != " "):
+            c = line[i]
+            if not quote and c in "\"'":
+                quote = c
+            elif c == quote:
+                quote = ""
+            elif c == "\\" and i + 1 < len(line):
+                i += 1
+                word += {"n": "\n", "t": "\t"}.get(line[i], line[i])
+            else:
+                word += c
+            i += 1
+        words.append(word.replace("$$", "$").replace("%%", "%"))
+    return words
+
+
+def exec_start(unit_text: str) -> list[str] | None:
+    """The argv of a unit file's one ExecStart= line, its prefixes (@-:+!|) dropped; None when
+    it has none or several (not a unit this project writes)."""
+    key = "ExecStart="
+    lines = [ln[len(key) :] for ln in unit_text.splitlines() if ln.startswith(key)]
+    if len(lines) != 1:
+        return None
+    words = exec_words(lines[0].lstrip(_EXEC_PREFIXES))
+    return words or None
+
+
 def environment_value(assignment: str) -> str:
     """An Environment= assignment (KEY=value): specifiers doubled, quoted unless plain; no $
     expansion happens there."""

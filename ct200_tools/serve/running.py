@@ -3,9 +3,17 @@ unit file, not the process; a port changed in the unit while the process still l
 old one read as serving on the new one).
 
 A running server is on an older configuration when systemd has not read its changed unit
-(NeedDaemonReload=yes), or when its unit, EnvironmentFile or config file was written after its
-main process started (the process read them at its start, never since). The fix is the restart
-that applies them, which `ansible-playbook ... site.yml` also does.
+(NeedDaemonReload=yes), when its unit, EnvironmentFile or config file was written after its
+main process started (the process read them at its start, never since), or when the main
+process's command line is not its unit's ExecStart= (a unit file put back with an older time,
+`cp -p`). The fix is the restart that applies them, which `ansible-playbook ... site.yml` also
+does.
+
+The command line is compared only where it can be told: the kernel's argv of the main process
+ends with the unit's ExecStart= words (an interpreter a script's #! names comes first), or its
+program is the unit's with other words. A process that exec'd another program or rewrote its
+title (Python engines' setproctitle), or a unit with drop-ins (which may replace ExecStart=), is
+not judged by it.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from typing import Final
 
 from ct200_tools.serve.systemd import Systemd, SystemdError
 from ct200_tools.systemctl import show_blocks
+from ct200_tools.untrusted import show
 
 PROPERTIES: Final = (
     "Id",
@@ -26,10 +35,16 @@ PROPERTIES: Final = (
     "NeedDaemonReload",
     "FragmentPath",
     "ExecMainStartTimestampMonotonic",
+    "DropInPaths",
 )
 #: File times are whole seconds on some filesystems, the start time microseconds: a file written
 #: in the same second as the start is not "after" it.
 SLACK_S: Final = 1.0
+
+
+#: A command line longer than this is not read (a real one is a few KB).
+CMDLINE_MAX = 1 << 20
+UNIT_MAX = 1 << 20
 
 
 def _mtime(path: str) -> float | None:
@@ -37,6 +52,57 @@ def _mtime(path: str) -> float | None:
         return os.stat(path).st_mtime
     except OSError:
         return None
+
+
+def _read(path: str | os.PathLike[str], limit: int) -> bytes | None:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError:
+        return None
+    return data if len(data) <= limit else None
+
+
+def proc_cmdline(
+    pid: int, root: Callable[[str], str | os.PathLike[str]] = lambda p: p
+) -> list[str] | None:
+    """/proc/PID/cmdline as words; None when it cannot be read (gone, not ours to read)."""
+    data = _read(root(f"/proc/{pid}/cmdline"), CMDLINE_MAX)
+    if not data:
+        return None
+    return [w.decode("utf-8", "replace") for w in data.rstrip(b"\0").split(b"\0")]
+
+
+def unit_exec_start(path: str | os.PathLike[str]) -> list[str] | None:
+    """The argv of the unit file's ExecStart= (engines.exec_start); None when unreadable."""
+    from ct200_tools.serve.engines import exec_start  # noqa: PLC0415 - the spec-side module
+
+    data = _read(path, UNIT_MAX)
+    return exec_start(data.decode("utf-8", "replace")) if data else None
+
+
+def argv_difference(process: Sequence[str], unit: Sequence[str]) -> str | None:
+    """How the process's argv differs from the unit's ExecStart= words, in a few words; None
+    when they agree or when it cannot be told (see the module's note)."""
+    if not process or not unit:
+        return None
+    n = len(unit)
+    if len(process) >= n and list(process[-n:]) == list(unit):
+        return None  # the same, or the same after the interpreter of a #! script
+    if os.path.basename(process[0]) != os.path.basename(unit[0]) and unit[0] not in process:
+        return None  # another program (exec'd, or a rewritten title): not ours to judge
+    start = process.index(unit[0]) if unit[0] in process else 0
+    ran = list(process[start:])
+    for i, (a, b) in enumerate(zip(ran, unit, strict=False)):
+        if a != b:
+            return f"word {i} is `{show(a)}` where the unit has `{show(b)}`"
+    shorter, longer = (ran, unit) if len(ran) < len(unit) else (unit, ran)
+    extra = longer[len(shorter)]
+    return (
+        f"the unit adds `{show(extra)}` at word {len(shorter)}"
+        if longer is unit
+        else f"the process has `{show(extra)}` at word {len(shorter)}, which the unit does not"
+    )
 
 
 @dataclass(frozen=True)
@@ -70,6 +136,8 @@ def read(
     monotonic: Callable[[], float] = time.monotonic,
     mtime: Callable[[str], float | None] = _mtime,
     now: Callable[[], float] = time.time,
+    cmdline: Callable[[int], list[str] | None] = proc_cmdline,
+    exec_start: Callable[[str], list[str] | None] = unit_exec_start,
 ) -> dict[str, Running]:
     """``files``: unit -> the files its process reads at start besides the unit file (its
     EnvironmentFile, config). Units that do not run, or whose start is unknown, are current."""
@@ -87,7 +155,7 @@ def read(
     out: dict[str, Running] = {}
     for unit in units:
         block = blocks.get(unit, {})
-        out[unit] = judge(unit, block, files[unit], boot_s, mtime)
+        out[unit] = judge(unit, block, files[unit], boot_s, mtime, cmdline, exec_start)
     return out
 
 
@@ -97,9 +165,12 @@ def judge(
     extra: Sequence[str],
     boot_s: float,
     mtime: Callable[[str], float | None],
+    cmdline: Callable[[int], list[str] | None] = lambda pid: None,
+    exec_start: Callable[[str], list[str] | None] = lambda path: None,
 ) -> Running:
     """One unit from its `systemctl show` block (PROPERTIES), the time the machine booted
-    (epoch seconds) and the files' modification times (None: absent)."""
+    (epoch seconds), the files' modification times (None: absent), the main process's argv
+    and the unit file's ExecStart= words (None: cannot be read, not judged)."""
     if block.get("ActiveState") not in ("active", "activating", "reloading") or block.get(
         "MainPID", "0"
     ) in ("", "0"):
@@ -120,4 +191,11 @@ def judge(
                 reasons.append(
                     f"{path} was written {written - started:.0f} s after the process started"
                 )
+    fragment = block.get("FragmentPath", "")
+    pid = block.get("MainPID", "0")
+    # One reason is enough to restart; a drop-in may set another ExecStart= than the fragment's.
+    if fragment and pid.isdigit() and not reasons and not block.get("DropInPaths", "").strip():
+        differs = argv_difference(cmdline(int(pid)) or [], exec_start(fragment) or [])
+        if differs:
+            reasons.append(f"its process's command line is not its unit's ExecStart=: {differs}")
     return Running(unit, tuple(reasons), reload)

@@ -158,6 +158,8 @@ class Phases:
     second: AnsibleRun
     #: `ct200-serve status` after the env file was written, the restart's rc, status after it.
     status: tuple[str, int, str]
+    #: `ct200-serve status` when only the process's command line tells the unit changed.
+    argv_stale: str
     bad: Polled
     after_bad: dict[str, Any]
     kept_failed: AnsibleRun
@@ -191,6 +193,17 @@ def run_sequence(bed: Bed, workdir: Path) -> Phases:
     stale = bed.ssh("ct", SERVE, "status").stdout
     restart = bed.ssh("ct", "systemctl", "restart", unit(CHANGED))
     current = bed.ssh("ct", SERVE, "status").stdout
+    # A unit file put back with an old time (what `cp -p` does) and read by systemd: neither
+    # NeedDaemonReload nor the times tell, the process's command line does. Then put back.
+    path = f"/etc/systemd/system/{unit(CHANGED)}"
+    edit = (
+        f"cp -p {path} /root/converge-unit && sed -i 's/--ctx-size 1024/--ctx-size 2048/' {path}"
+        f" && touch -d '2001-01-01' {path} && systemctl daemon-reload"
+    )
+    assert bed.ssh("ct", "sh", "-c", edit).returncode == 0
+    argv_stale = bed.ssh("ct", SERVE, "status").stdout
+    back = f"cp -p /root/converge-unit {path} && systemctl daemon-reload"
+    assert bed.ssh("ct", "sh", "-c", back).returncode == 0
 
     failed = polled(bed, bad)
     after_bad = {
@@ -227,6 +240,7 @@ def run_sequence(bed: Bed, workdir: Path) -> Phases:
         argv_after,
         second,
         (stale, restart.returncode, current),
+        argv_stale,
         failed,
         after_bad,
         kept_failed,
@@ -303,6 +317,14 @@ def test_status_names_a_process_on_an_older_configuration(seq: Phases) -> None:
     assert f"`systemctl restart {unit(CHANGED)}`" in stale, stale
     assert restart_rc == 0
     assert "older configuration" not in current, current
+
+
+def test_status_tells_an_older_command_line_when_the_times_cannot(seq: Phases) -> None:
+    assert (
+        f"{unit(CHANGED)} is running an older configuration: its process's command line is not "
+        "its unit's ExecStart=: word "
+    ) in seq.argv_stale, seq.argv_stale
+    assert "is `1024` where the unit has `2048`" in seq.argv_stale, seq.argv_stale
 
 
 def test_rollback_false_keeps_the_failed_state(seq: Phases) -> None:

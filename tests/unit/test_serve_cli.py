@@ -406,10 +406,40 @@ def test_an_unparsable_spec_still_rewrites_the_textfile_with_this_boots_id(
     assert "Traceback" not in err
 
 
-def test_the_chain_shows_this_boots_id_in_text_json_and_textfile(
+@pytest.fixture
+def listener() -> Iterator[int]:
+    """A real socket listening on a free port (what an engine that serves has)."""
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        yield int(sock.getsockname()[1])
+
+
+def test_an_active_server_whose_port_refuses_is_not_serving(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    spec = stand_in_chain(monkeypatch, tmp_path, free_port(), "active")
+    """Issue 33: after a port change the process still listened on the old port, and the
+    chain said serving. The unit is active; nothing listens on the spec's port."""
+    port = free_port()
+    spec = stand_in_chain(monkeypatch, tmp_path, port, "active")
+    with pytest.raises(SystemExit) as exited:
+        serve.main(["chain", "--spec", str(spec), "--no-doctor"])
+    out = capsys.readouterr().out
+    assert exited.value.code == serve.Exit.FAILED, out
+    assert out.startswith("boot chain: STOPPED"), out
+    assert f"but nothing listens on 127.0.0.1:{port}" in out
+    assert "`systemctl restart ct200-server-tiny.service`" in out
+    with pytest.raises(SystemExit):
+        serve.main(["chain", "--spec", str(spec), "--no-doctor", "--json"])
+    got = json.loads(capsys.readouterr().out)["result"]
+    assert got["ok"] is False and got["steps"][-1]["state"] == "not-listening", got
+
+
+def test_the_chain_shows_this_boots_id_in_text_json_and_textfile(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    listener: int,
+) -> None:
+    spec = stand_in_chain(monkeypatch, tmp_path, listener, "active")
     textfile = tmp_path / "ct200_boot.prom"
     args = ["chain", "--spec", str(spec), "--no-doctor", "--textfile", str(textfile)]
     with pytest.raises(SystemExit) as exited:
@@ -504,3 +534,28 @@ def test_stopped_says_a_server_that_served_no_longer_does(
         except BlockingIOError:
             got = None
     assert got == expected
+
+
+def test_status_names_an_active_server_that_does_not_listen(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    listener: int,
+) -> None:
+    for port, listens in ((free_port(), False), (listener, True)):
+        spec = stand_in_chain(monkeypatch, tmp_path, port, "active")
+        with pytest.raises(SystemExit):
+            serve.main(["status", "--spec", str(spec), "--json"])
+        rows = json.loads(capsys.readouterr().out)["result"]["servers"]
+        # Only an active unit's port is tried (the others are not running: nothing to say).
+        assert {r["name"]: r["listening"] for r in rows if r["active"] == "active"} == {
+            "tiny": listens
+        }, rows
+        assert {r["listening"] for r in rows if r["active"] != "active"} <= {None}
+        with pytest.raises(SystemExit):
+            serve.main(["status", "--spec", str(spec)])
+        out = capsys.readouterr().out
+        said = f"not serving: nothing listens on http://127.0.0.1:{port}"
+        assert (said in out) is not listens, out
+        if not listens:
+            assert "`systemctl restart ct200-server-tiny.service`" in out

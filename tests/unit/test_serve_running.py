@@ -3,9 +3,16 @@ from `systemctl show` text as systemd prints it and file times, with the clock g
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from ct200_tools.serve.running import read
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ct200_tools.serve.engines import exec_line, exec_start, exec_words
+from ct200_tools.serve.running import argv_difference, proc_cmdline, read, unit_exec_start
 from ct200_tools.serve.systemd import Systemd
 
 UNIT = "ct200-server-tiny.service"
@@ -30,13 +37,20 @@ def show(active: str = "active", pid: int = 42, reload: str = "no") -> str:
     )
 
 
-def judge(block: str, times: dict[str, float]) -> tuple[tuple[str, ...], str]:
+UNIT_ARGV = ["/usr/bin/llama-server", "-m", "/dev/shm/models/tiny", "--ctx-size", "1024"]
+
+
+def judge(
+    block: str, times: dict[str, float], process: list[str] | None = None
+) -> tuple[tuple[str, ...], str]:
     got = read(
         systemd_with(block),
         {UNIT: (ENV,)},
         monotonic=lambda: 1000.0,
         mtime=times.get,
         now=lambda: BOOT + 1000.0,
+        cmdline=lambda pid: process if pid == 42 else None,
+        exec_start=lambda path: UNIT_ARGV if path == FRAGMENT else None,
     )[UNIT]
     return got.reasons, got.fix
 
@@ -72,3 +86,68 @@ def test_systemd_that_cannot_be_asked_tells_nothing() -> None:
 
     got = read(Systemd(broken), {UNIT: (ENV,)}, monotonic=lambda: 1.0, mtime=lambda p: 0.0)
     assert not got[UNIT].stale
+
+
+OLD_ARGV = [*UNIT_ARGV[:-1], "512"]
+
+
+def test_a_process_on_another_command_line_is_an_older_configuration() -> None:
+    # The unit file was put back with an old time (cp -p): the times say nothing, argv does.
+    reasons, fix = judge(show(), {FRAGMENT: BOOT + 100}, process=OLD_ARGV)
+    assert reasons == (
+        "its process's command line is not its unit's ExecStart=: word 4 is `512` where the "
+        "unit has `1024`",
+    )
+    assert fix == f"`systemctl restart {UNIT}`"
+    assert judge(show(), {FRAGMENT: BOOT + 100}, process=UNIT_ARGV)[0] == ()
+    # A drop-in may set its own ExecStart=: the fragment's is not what ran, so no claim.
+    dropin = show() + "DropInPaths=/etc/systemd/system/x.service.d/override.conf\n"
+    assert judge(dropin, {FRAGMENT: BOOT + 100}, process=OLD_ARGV)[0] == ()
+    # Unreadable (gone, another user's): not judged.
+    assert judge(show(), {FRAGMENT: BOOT + 100}, process=None)[0] == ()
+
+
+def test_argv_difference_tells_only_what_it_can() -> None:
+    unit = ["/opt/vllm/bin/vllm", "serve", "/dev/shm/m", "--port", "8000"]
+    # The interpreter of a #! script comes first: the same command.
+    assert argv_difference(["/opt/vllm/bin/python3", *unit], unit) is None
+    assert argv_difference(["/opt/vllm/bin/python3", *unit[:-1], "8001"], unit) == (
+        "word 4 is `8001` where the unit has `8000`"
+    )
+    assert argv_difference(unit[:-1], unit) == "the unit adds `8000` at word 4"
+    assert argv_difference([*unit, "-v"], unit) == (
+        "the process has `-v` at word 5, which the unit does not"
+    )
+    # Another program (exec'd, or a title rewritten by setproctitle): not ours to judge.
+    assert argv_difference(["VLLM::APIServer"], unit) is None
+    assert argv_difference([], unit) is None and argv_difference(unit, []) is None
+    # Shown escaped: a control character in the process's argv never reaches the terminal raw.
+    assert "\x1b" not in (argv_difference([*unit[:-1], "\x1b[2J"], unit) or "")
+
+
+def test_a_real_process_command_line_from_proc(tmp_path: Path) -> None:
+    argv = [sys.executable, "-c", "import time; time.sleep(60)", "a b", "--x=$1"]
+    proc = subprocess.Popen(argv)
+    try:
+        unit = tmp_path / "u.service"
+        unit.write_text(f"[Service]\nExecStart={exec_line(argv)}\n")
+        assert unit_exec_start(unit) == argv
+        assert proc_cmdline(proc.pid) == argv
+        assert argv_difference(proc_cmdline(proc.pid) or [], argv) is None
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc_cmdline(proc.pid) is None  # gone: cannot be read, not judged
+
+
+def test_exec_start_reads_one_line_or_none() -> None:
+    assert exec_start("[Service]\nExecStart=+/bin/x -a\n") == ["/bin/x", "-a"]
+    assert exec_start("[Service]\nExecStart=/bin/x\nExecStart=/bin/y\n") is None
+    assert exec_start("[Service]\nExecStartPre=/bin/x\n") is None
+    assert exec_words("a b\\") == ["a", "b\\"]  # a trailing backslash is no crash
+
+
+@given(st.lists(st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00\n"),
+                        min_size=1), min_size=1, max_size=6))  # fmt: skip
+def test_exec_words_reads_what_exec_line_writes(words: list[str]) -> None:
+    assert exec_words(exec_line(words)) == words

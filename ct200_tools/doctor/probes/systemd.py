@@ -31,6 +31,7 @@ PROPERTIES = (
     "NeedDaemonReload",
     "FragmentPath",
     "ExecMainStartTimestampMonotonic",
+    "DropInPaths",
 )
 SHOW_TIMEOUT_S = 3.0
 #: Lines of a unit's journal kept for one that is not active (the engine's last words).
@@ -101,7 +102,15 @@ def _with_older(
 
     out = dict(got)
     for name, u in got.items():
-        verdict = running.judge(name, blocks.get(name, {}), files.get(name, ()), boot_s, mtime)
+        verdict = running.judge(
+            name,
+            blocks.get(name, {}),
+            files.get(name, ()),
+            boot_s,
+            mtime,
+            lambda pid: running.proc_cmdline(pid, r.path),
+            lambda path: running.unit_exec_start(r.path(path)),
+        )
         if verdict.stale:
             out[name] = dataclasses.replace(u, older_configuration=verdict.reasons)
     return out
