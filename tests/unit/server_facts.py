@@ -80,6 +80,15 @@ def with_unit(kind: str) -> Edit:
     return lambda f: server(f, unit=recorded_unit(kind))
 
 
+def older_configuration(f: Facts) -> Facts:
+    """derived: the active unit's process runs an older configuration than its files (issue
+    33: its port changed in the unit)."""
+    unit = the_server(f).unit
+    assert unit is not None
+    reason = f"/etc/systemd/system/{UNIT} was written 40 s after the process started"
+    return server(f, unit=dataclasses.replace(unit, older_configuration=(reason,)))
+
+
 def own_port(f: Facts) -> Facts:
     """derived: the recorded listener in the server's own unit (as under systemd)."""
     s = the_server(f)

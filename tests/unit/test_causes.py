@@ -294,6 +294,15 @@ CASES = {
         {"server.port": "server.unit"},
         sf.chain(sf.on_h200, sf.with_unit("dead")),
     ),
+    # Issue 33: the port moved in the unit and the process still runs the old one: the
+    # silent port's cause is the older configuration, whose fix (the restart) it carries.
+    "derived-server-older-configuration-port-silent": Case(
+        "llama-cpu-stopped",
+        "llama-cpu",
+        ("server.unit",),
+        {"server.port": "server.unit"},
+        sf.chain(sf.on_h200, sf.with_unit("ok"), sf.older_configuration),
+    ),
     "derived-server-port-answered-by-another": Case(
         "llama-cpu-serving",
         "llama-cpu",

@@ -242,6 +242,12 @@ CAUSES += (
         _servers("server.port", server.unit_down),
     ),
     Cause(
+        "server.port",
+        "server.unit",
+        "the port does not answer and the server's process runs an older configuration",
+        _servers("server.port", server.unit_stale),
+    ),
+    Cause(
         "server.models",
         "server.port_free",
         "another process holds the server's port: it is what answers",

@@ -424,7 +424,8 @@ def _judge_unit(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
                     where(ctx),
                     f"systemctl daemon-reload && {restart}" if reload else restart,
                 ),
-                warn=True,
+                # A failure when its port does not answer: this is why (server.port points here).
+                warn=f.connected is not False,
             )
         return _ok(f"{name} is {unit_state(u)}" + (f", {restarts}" if restarts else ""))
     last = f"last exit status {u.exec_main_status}" if u.exec_main_status is not None else ""
@@ -493,9 +494,10 @@ def _judge_unit(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
 def check_unit(ctx: Context) -> Outcome:
     """The server's systemd unit ct200-server-NAME.service is active (running), as
     `systemctl show` gives it (ActiveState, SubState, Result, NRestarts), and its process runs
-    what its files say: an active unit with NeedDaemonReload, or whose unit, EnvironmentFile or
-    config was written after its process started, is a warning "running an older
-    configuration" with the restart that applies them. A unit still starting
+    what its files say: an active unit with NeedDaemonReload, whose unit, EnvironmentFile or
+    config was written after its process started, or whose process's command line is not its
+    unit's ExecStart=, is a warning "running an older configuration" with the restart that
+    applies them (a failure when its port does not answer: the cause). A unit still starting
     (activating: its gate, the model load or the readiness poll) is a warning; one between a
     failure and its automatic restart (auto-restart) is a failure, the root cause of its port
     not answering: the engine exited, with the restart number, the last exit status and the
@@ -524,6 +526,17 @@ def _judge_port(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
     if f.connected:
         return _ok(f"{target} accepts connections")
     name = engines.unit_name(s.name)
+    if unit_active(f.unit):
+        # Its process runs and does not listen there: `systemctl start` would do nothing.
+        return _bad(
+            f"{target}: {f.connect_error or 'no connection'}, while {name} is active",
+            Remedy(
+                "restart it on its unit's configuration; if it still does not listen, its "
+                f"journal (journalctl -u {name}) says why",
+                where(ctx),
+                f"systemctl restart {name}",
+            ),
+        )
     return _bad(
         f"{target}: {f.connect_error or 'no connection'}",
         Remedy(f"start the server ({name})", where(ctx), f"systemctl start {name}"),
@@ -533,7 +546,9 @@ def _judge_port(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
 @server_check("server.port", "server port answers")
 def check_port(ctx: Context) -> Outcome:
     """A TCP connection to the server's host and port (a wildcard host means this machine)
-    opens within 1 s. When the unit is not active, server.unit is the root cause."""
+    opens within 1 s. When the unit is not active, server.unit is the root cause, and so it is
+    when its process runs an older configuration (a port changed in the unit); an active unit's
+    fix is the restart, since `systemctl start` does nothing to a running unit."""
     return _each(ctx, _judge_port)
 
 
@@ -727,6 +742,11 @@ def all_failing(
 
 def unit_down(ctx: Context, s: ServerSpec, f: ServerFacts) -> bool:
     return f.unit is not None and f.unit.active_state != "active"
+
+
+def unit_stale(ctx: Context, s: ServerSpec, f: ServerFacts) -> bool:
+    """Active, and its process runs an older configuration than its files."""
+    return unit_active(f.unit) and bool(f.unit and f.unit.older_configuration)
 
 
 def gate_failed(ctx: Context, s: ServerSpec, f: ServerFacts) -> bool:
