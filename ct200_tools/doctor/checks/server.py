@@ -464,8 +464,11 @@ def _judge_unit(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
             f"{name} is in a crash loop: its starts failed in a row without serving and systemd "
             f"stopped restarting it ({unit_state(u)}" + (f"; {said}" if said else "") + ")",
             Remedy(
-                "read why its starts failed in its journal (its start gate says which check "
-                "stopped it), fix that, then clear the start limit and start it",
+                "its journal says why its starts failed (the engine's last lines, or its start "
+                "gate's check): a flag or setting of the spec the engine rejects is changed in "
+                "the spec and applied with site.yml (it clears the start limit, restarts the "
+                "server and puts the previous configuration back if it does not serve); "
+                "anything else, fix it, then clear the start limit and start it",
                 where(ctx),
                 f"{journal}\nsystemctl reset-failed {name} && systemctl start {name}",
             ),
@@ -475,8 +478,9 @@ def _judge_unit(ctx: Context, s: ServerSpec, f: ServerFacts) -> Verdict:
         return _bad(
             f"{name} is {unit_state(u)}",
             Remedy(
-                "read why it failed in its journal (its start gate says which check stopped it), "
-                "fix that, then start it again",
+                "its journal says why it failed (the engine's last lines, or its start gate's "
+                "check): a flag or setting of the spec the engine rejects is changed in the spec "
+                "and applied with site.yml; anything else, fix it, then start it again",
                 where(ctx),
                 f"{journal}\nsystemctl reset-failed {name} && systemctl start {name}",
             ),
