@@ -10,7 +10,6 @@ ct200-bench against the minimal client at concurrency 1, 8 and 32, alternating o
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -32,18 +31,11 @@ def main() -> None:
     rest = [a for i, a in enumerate(sys.argv[1:], 1) if a != "--out" and sys.argv[i - 1] != "--out"]
     out.mkdir(parents=True, exist_ok=True)
     use_carried_wheels()
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
-    )
     from testbed import tiny_gguf  # noqa: PLC0415 - gguf comes from the carried wheels
     from tests.gpu import llama_cuda  # noqa: PLC0415
 
-    reason = llama_cuda.missing()
-    if reason:
-        raise SystemExit(reason)
     t0 = time.monotonic()
-    binary, build_s = llama_cuda.ensure()
-    print(f"llama-server: {binary} (build {build_s:.0f} s)", flush=True)
+    binary = llama_cuda.prepare(out)
     work = Path(tempfile.mkdtemp(prefix="witness-"))
     model = tiny_gguf.write(work / "rand.gguf", shape=tiny_gguf.Shape(**SHAPE), name="ct200-rand")
     print(f"model: {model.stat().st_size / 1e9:.2f} GB after {time.monotonic() - t0:.0f} s")
@@ -53,8 +45,6 @@ def main() -> None:
     with tarfile.open(out / "witness.tar.gz", "w:gz") as tar:
         tar.add(out / "witness", arcname="witness")
     shutil.rmtree(out / "witness")  # the device tool brings back 8 files at most
-    if build_s:  # so that a later call carries it instead of building again
-        print(f"binary parts: {[p.name for p in llama_cuda.export(binary, out)]}", flush=True)
     sys.exit(rc)
 
 

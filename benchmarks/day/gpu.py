@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -158,10 +157,6 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     use_carried_wheels()
-    # The children (unit_run, ct200-bench, the doctor) import this checkout's packages too.
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
-    )
     import yaml  # noqa: PLC0415 - a dependency of ct200-tools, present once wheels are on the path
 
     from benchmarks.day import sets  # noqa: PLC0415
@@ -173,18 +168,13 @@ def main() -> int:
     unknown = sorted(set(names) - set(sets.set_names()))
     if unknown:  # before a build of minutes
         raise SystemExit(f"--sets: no serving set {unknown}; the day has {sets.set_names()}")
-    reason = llama_cuda.missing()
-    if reason:
-        raise SystemExit(reason)
     t0 = time.monotonic()
-    binary, build_s = llama_cuda.ensure()
-    print(f"llama-server: {binary} (build {build_s:.0f} s)", flush=True)
+    # The children (unit_run, ct200-bench, the doctor) import this checkout's packages too.
+    binary = llama_cuda.prepare(args.out)
     src = model_dir(args.work)
     print(f"model: {(src / 'model.gguf').stat().st_size / 1e9:.2f} GB, "
           f"{time.monotonic() - t0:.0f} s so far", flush=True)  # fmt: skip
     if args.build_only:
-        if build_s:
-            print(f"binary parts: {[p.name for p in llama_cuda.export(binary, args.out)]}")
         return 0
     gpu = nvsmi.query_gpus()[0]["name"].removeprefix("NVIDIA ").strip()
     raw = sets.machine_raw(

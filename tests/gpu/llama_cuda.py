@@ -128,3 +128,22 @@ def export(binary: Path, out: Path) -> list[Path]:
             parts.append(part)
     packed.unlink()
     return parts
+
+
+def prepare(out: Path | None = None) -> Path:
+    """A GPU runner's setup (benchmarks/bench_client/device.py, benchmarks/day/gpu.py): this
+    checkout on the children's PYTHONPATH, the binary (built, or unpacked from a carried build;
+    a fresh build is also exported into `out`, for the next call to carry), or SystemExit with
+    what is missing."""
+    root = str(Path(__file__).resolve().parents[2])
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH", "")) if p
+    )
+    reason = missing()
+    if reason:
+        raise SystemExit(reason)
+    binary, build_s = ensure()
+    print(f"llama-server: {binary} (build {build_s:.0f} s)", flush=True)
+    if build_s and out is not None:
+        print(f"binary parts: {[p.name for p in export(binary, out)]}", flush=True)
+    return binary
