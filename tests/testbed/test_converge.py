@@ -117,6 +117,16 @@ def argv(bed: Bed, name: str) -> list[str]:
     return raw.split("\0")[:-1]
 
 
+KEPT_RECORD = "/etc/ct200/servers/.kept-for-debugging.json"
+
+
+def leftovers(bed: Bed) -> str:
+    """The previous files a run kept beside the new ones (NAME.PID.DATE@TIME~)."""
+    return bed.ssh(
+        "ct", "sh", "-c", "ls /etc/systemd/system/ /etc/ct200/servers/ | grep '~$' || true"
+    ).stdout
+
+
 def messages(run: AnsibleRun) -> list[str]:
     return [str(r["msg"]) for r in run.report.get("results", []) if r["status"] == "ok"]
 
@@ -211,9 +221,7 @@ def run_sequence(bed: Bed, workdir: Path) -> Phases:
         "argv": argv(bed, CHANGED),
         "pids": {n: main_pid(bed, n) for n in PORTS},
         "unit": bed.ssh("ct", "cat", f"/etc/systemd/system/{unit(CHANGED)}").stdout,
-        "leftovers": bed.ssh(
-            "ct", "sh", "-c", "ls /etc/systemd/system/ /etc/ct200/servers/ | grep '~$' || true"
-        ).stdout,
+        "leftovers": leftovers(bed),
     }
     kept_failed = bed.ansible(
         SITE, *LIMIT, "-e", f"@{bad}", "-e", "inference_servers_rollback=false"
@@ -221,10 +229,14 @@ def run_sequence(bed: Bed, workdir: Path) -> Phases:
     kept_state = {
         "state": state(bed, CHANGED),
         "unit": bed.ssh("ct", "cat", f"/etc/systemd/system/{unit(CHANGED)}").stdout,
+        "kept": leftovers(bed),
+        "record": bed.ssh("ct", "cat", KEPT_RECORD).stdout,
     }
-    # Disabled in the spec while it is failed: stopped (not failed) in the same play.
+    # Disabled in the spec while it is failed: stopped (not failed) in the same play, and the
+    # files the failed run kept for debugging go (this run serves).
     disabled = bed.ansible(SITE, *LIMIT, "-e", f"@{off}")
     after_disabled = {n: state(bed, n) for n in PORTS}
+    after_disabled["leftovers"] = leftovers(bed) + bed.ssh("ct", "ls", KEPT_RECORD).stdout
     # A switch records a serving set that overrides the spec's flags: the play says so, and
     # ct200_tools_serving_from_spec returns to the flags (CHANGED stops again).
     switch = bed.ssh("ct", SERVE, "switch", CHANGED, timeout=600)
@@ -332,11 +344,17 @@ def test_rollback_false_keeps_the_failed_state(seq: Phases) -> None:
     assert run.rc != 0 and "Not rolled back" in run.output, run.describe()
     assert seq.kept_failed_state["state"] != "active", seq.kept_failed_state
     assert BAD_FLAG in seq.kept_failed_state["unit"]
+    # The previous files stay beside the new ones, recorded as kept (the next run that serves
+    # removes exactly these).
+    kept = seq.kept_failed_state["kept"].split()
+    assert kept and all(name.endswith("~") for name in kept), seq.kept_failed_state
+    recorded = json.loads(seq.kept_failed_state["record"])
+    assert sorted(Path(f).name for f in recorded) == sorted(kept), (recorded, kept)
 
 
 def test_a_disabled_server_stops_in_the_same_play(seq: Phases) -> None:
     assert seq.disabled.rc == 0, seq.disabled.describe()
-    assert seq.after_disabled == {KEPT: "active", CHANGED: "inactive"}
+    assert seq.after_disabled == {KEPT: "active", CHANGED: "inactive", "leftovers": ""}
 
 
 def test_a_recorded_serving_set_is_announced_and_one_variable_returns_to_the_spec(
