@@ -131,21 +131,23 @@ def listening(host: str, port: int, timeout_s: float = LISTEN_TIMEOUT_S) -> bool
 def with_ports(chain: Chain, chosen: ServingSet, probe: Callable[[str, int], bool | None]) -> Chain:
     """An active server whose port refuses connections is not serving (issue 33: after a port
     change the process still listened on the old one, and the chain said serving)."""
-    ports = {s.name: (engine.connect_host(s.host), s.port) for s in chosen.servers}
-    steps = []
-    for step in chain.steps:
-        host, port = ports.get(step.name, ("", None)) if step.kind == "server" else ("", None)
-        deaf = step.ok and port is not None and probe(host, port) is False
-        steps.append(
-            dataclasses.replace(
-                step,
-                state=NOT_LISTENING,
-                detail=f"{step.detail}, but nothing listens on {show(host, 100)}:{port}",
-                failed_at="port",
-            )
-            if deaf
-            else step
+    servers = {s.name: s for s in chosen.servers}
+
+    def deaf(step: Step) -> Step:
+        s = servers.get(step.name) if step.kind == "server" and step.ok else None
+        if s is None or s.port is None:
+            return step
+        host = engine.connect_host(s.host)
+        if probe(host, s.port) is not False:  # listening, or it cannot be told
+            return step
+        return dataclasses.replace(
+            step,
+            state=NOT_LISTENING,
+            detail=f"{step.detail}, but nothing listens on {show(host, 100)}:{s.port}",
+            failed_at="port",
         )
+
+    steps = [deaf(step) for step in chain.steps]
     return dataclasses.replace(chain, steps=tuple(steps))
 
 

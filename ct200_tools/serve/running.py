@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from ct200_tools.serve.engines import exec_start as parse_exec_start
 from ct200_tools.serve.systemd import Systemd, SystemdError
 from ct200_tools.systemctl import show_blocks
 from ct200_tools.untrusted import show
@@ -75,10 +76,8 @@ def proc_cmdline(
 
 def unit_exec_start(path: str | os.PathLike[str]) -> list[str] | None:
     """The argv of the unit file's ExecStart= (engines.exec_start); None when unreadable."""
-    from ct200_tools.serve.engines import exec_start  # noqa: PLC0415 - the spec-side module
-
     data = _read(path, UNIT_MAX)
-    return exec_start(data.decode("utf-8", "replace")) if data else None
+    return parse_exec_start(data.decode("utf-8", "replace")) if data else None
 
 
 def argv_difference(process: Sequence[str], unit: Sequence[str]) -> str | None:
