@@ -509,3 +509,22 @@ def test_a_wanted_server_on_an_older_configuration_is_restarted(site: SiteSpec) 
     p = plan(site, previous, list(QWEN), stale)
     assert [s.name for s in p.stop] == [QWEN[0]] and [s.name for s in p.start] == [QWEN[0]]
     assert [s.name for s in p.keep] == [QWEN[1]] and p.changed
+
+
+def test_the_kept_files_record_names_only_paths() -> None:
+    """roles/inference_servers' record of the files a failed run kept: a damaged one names
+    nothing, so nothing is removed by it."""
+    path = Path(__file__).parents[2] / "roles/inference_servers/filter_plugins/ct200_render.py"
+    spec = importlib.util.spec_from_file_location("ct200_render_filter", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    kept = module.FilterModule().filters()["ct200_kept_files"]
+
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    good = ["/etc/systemd/system/ct200-server-a.service.1.2026-12-06@08:00:00~"]
+    assert kept(b64(json.dumps([*good, 3, None]).encode())) == good
+    for damaged in (b64(b'["/etc/x~"'), b64(b'{"a": 1}'), "not base64!", None, ""):
+        assert kept(damaged) == [], damaged
