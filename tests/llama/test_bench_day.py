@@ -1,9 +1,9 @@
 """The benchmark day (examples/benchmark-day/) on the real CPU llama-server with the tiny model:
 every serving set's rendered argv starts and serves, and `ct200-bench run PLAN --target` of the
 day's plan (cut to a small sweep: CI time) measures each set: no failed request, the output
-tokens asked for, acceptance on every speculative point (1.0 for the model drafting for itself,
-about the asked length under --spec-synth-len, none autoregressive), and the report renders
-acceptance and the speed-up over `ar`."""
+tokens asked for, acceptance on every speculative point (nearly 1.0 for the model drafting for
+itself, about the asked length under --spec-synth-len, none autoregressive), and the report
+renders acceptance and the speed-up over `ar`."""
 
 from __future__ import annotations
 
@@ -102,8 +102,10 @@ def test_acceptance_as_each_set_asked(day: Path) -> None:
     for p in _points(day):
         name, timed = p["serving_set"], p["engine_timings"]
         if name.startswith("draft-self"):
-            # On the CPU the draft's and the target's arithmetic agree exactly: every token.
-            assert timed["acceptance_rate"] == 1.0, timed
+            # Nearly every token, not every one: the draft decodes one token at a time and the
+            # target verifies a batch, and on some CPUs the two kernels round differently (CI's
+            # machine accepted 164 of 167). The floor is the GPU run's (benchmarks/day/checks.py).
+            assert timed["acceptance_rate"] >= checks.SELF_RATE_FLOOR, timed
         elif name in SYNTH:
             assert 0.6 * SYNTH[name] <= timed["acceptance_length"] <= 1.4 * SYNTH[name], timed
     # The checks catch what they are for: a self-draft point that accepted too little, an

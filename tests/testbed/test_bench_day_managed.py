@@ -21,7 +21,7 @@ import yaml
 from tbharness import AnsibleRun, Bed
 from test_servers import CLEANUP
 
-from benchmarks.day import sets
+from benchmarks.day import checks, sets
 from testbed import llama_build, llama_server
 from testbed.machine import hostname
 from tests.server_sites import SHM_SIZE, TESTBED_SPEC
@@ -134,7 +134,9 @@ def test_acceptance_is_recorded_as_each_set_asked(day: Day) -> None:
         if name == "ar":
             assert timed["acceptance_rate"] is None and timed["acceptance_length"] is None
         elif name.startswith("draft-self"):
-            assert timed["acceptance_rate"] == 1.0, timed
+            # Nearly every token (single-token drafting and batched verification may round
+            # differently on some CPUs); the floor is the day's own (benchmarks/day/checks.py).
+            assert timed["acceptance_rate"] >= checks.SELF_RATE_FLOOR, timed
         elif name.startswith("synth-"):
             want = float(name.split("-")[1])
             assert 0.5 * want <= timed["acceptance_length"] <= 1.5 * want, (name, timed)
