@@ -93,10 +93,8 @@ TESTBED_GROUPS = {
         "test_servers",
         "test_bench_managed",
         "test_bench_day_managed",
+        "test_converge",
     ),
-    # On a testbed of its own (it makes its own serving set), so that under xdist the other
-    # worker can take it while "llama" runs: about 4.5 min out of the largest group.
-    "running": ("test_converge",),
     "matrix": ("test_fault_matrix",),
 }
 TESTBED_ORDER = tuple(m for modules in TESTBED_GROUPS.values() for m in modules)
@@ -112,7 +110,7 @@ def testbed_group(module: str) -> str:
 
 #: The testbed work that pushes or starts llama-server: under pytest-xdist it is handed out after
 #: the work that does not, so the build (started with the session) is done or nearly by then.
-LLAMA_GROUPS = ("llama", "running", "matrix")
+LLAMA_GROUPS = ("llama", "matrix")
 LLAMA_SMOKES = ("test_servers_benchmark", "test_recovery_benchmark")
 
 
