@@ -8,7 +8,9 @@ A point is appended only once it is finished, as one write() of one line followe
 run killed mid-way keeps every finished point and loses only the point in flight. A write that
 fails (ENOSPC, EIO) is undone by truncating the file back to its length before, so a full disk
 leaves no half line; a line torn by a crash of the machine itself (no newline at the end) is
-ignored by readers and reported. provenance.json is written beside and renamed (fsutil), so it is
+ignored by readers and reported. Runs into the same --out may write at once: appends and the cut
+of a torn tail hold the file's lock (flock), so no line is cut or mixed by another run's.
+provenance.json is written beside and renamed (fsutil), so it is
 always whole. An --out that is not a directory, or a results file that is not a regular file (a
 FIFO, a device, a directory; symlinks are followed to what they name), is refused before any
 request (`Store.check`), and the file is opened without blocking and judged on the open
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import secrets
@@ -58,6 +61,9 @@ def append_line(path: Path, record: dict[str, object]) -> None:
     data = (json.dumps(record, sort_keys=True, allow_nan=False) + "\n").encode()
     fd = _open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
+        # Another run into the same --out appends too, and a starting one cuts a torn tail: under
+        # the file's lock nobody sees this line half written, and an undo cuts only this line.
+        fcntl.flock(fd, fcntl.LOCK_EX)
         before = os.fstat(fd).st_size
         try:
             written = os.write(fd, data)
@@ -188,6 +194,7 @@ class Store:
         except OSError as exc:
             raise self._error(exc, "the results file") from None
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # a line another run is writing is not torn
             size = os.fstat(fd).st_size
             keep = size
             while keep > 0:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,3 +101,39 @@ def test_results_that_are_not_regular_files_are_exit_4_before_any_request(
     assert "fix: pass as --out a directory you can write" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not proc.stdout  # refused before the run started
+
+
+def _append(root: str, writer: int, points: int) -> None:
+    store = Store(root)
+    for i in range(points):
+        # Larger than a page: a reader can see such a write half done.
+        store.add_point({"writer": writer, "i": i, "pad": "x" * 70_000})
+
+
+def _repair_until(root: str, stop: Any) -> None:
+    store = Store(root)
+    while not stop.is_set():
+        store.repair_tail()
+
+
+def test_concurrent_runs_into_one_out_keep_every_point_whole(tmp_path: Path) -> None:
+    """Two runs into the same --out (and a third starting, which cuts a torn tail first): a run
+    starting while another's point is half written must not cut that point, and no line may mix
+    two writers. Both paths take the file's lock; without it the starting run saw the half
+    line as torn and truncated the other run's point."""
+    ctx = multiprocessing.get_context("fork")
+    stop = ctx.Event()
+    repairer = ctx.Process(target=_repair_until, args=(str(tmp_path), stop))
+    repairer.start()
+    writers = [ctx.Process(target=_append, args=(str(tmp_path), w, 40)) for w in range(3)]
+    for p in writers:
+        p.start()
+    for p in writers:
+        p.join(timeout=300)
+    stop.set()
+    repairer.join(timeout=60)
+    assert [p.exitcode for p in [*writers, repairer]] == [0, 0, 0, 0]
+    seen = read_lines(Store(tmp_path).results)
+    assert not seen.torn
+    got = sorted((r["writer"], r["i"]) for r in seen.records)
+    assert got == sorted((w, i) for w in range(3) for i in range(40))
