@@ -140,6 +140,7 @@ def _managed_start(
         sets={},
     )
     store.start(run_id, prov)
+    store.claim(run_id)
     return run_id, prov, frozenset()
 
 
@@ -268,21 +269,24 @@ def run_managed(
     check_sets(plan, m.site)
     store = Store(out_dir)
     store.check()
-    run_id, prov, done = _managed_start(store, plan, m, resume, out_dir, argv)
-    repair_tail(store, echo)
-    if not as_json:
-        echo(
-            f"ct200-bench: run {run_id}, managed: {show(', '.join(plan.set_names), 400)}"
-            + (f"; resuming after {len(done)} point(s)" if resume else "")
-        )
-    printer = Printer(echo, as_json, tty)
-    recorded = 0
-    with ending(store, run_id, prov):
-        for sset in plan.serving_sets:
-            recorded += _run_set(sset, plan, m, store, run_id, prov, done, printer)
-    if not as_json:
-        echo(
-            f"ct200-bench: {recorded} point(s) recorded, {printer.failed} failed request(s); "
-            f"results {show(str(store.results))}, provenance {show(str(store.run_dir(run_id)))}"
-        )
-    return Outcome(run_id, recorded, printer.failed)
+    try:
+        run_id, prov, done = _managed_start(store, plan, m, resume, out_dir, argv)
+        repair_tail(store, echo)
+        if not as_json:
+            echo(
+                f"ct200-bench: run {run_id}, managed: {show(', '.join(plan.set_names), 400)}"
+                + (f"; resuming after {len(done)} point(s)" if resume else "")
+            )
+        printer = Printer(echo, as_json, tty)
+        recorded = 0
+        with ending(store, run_id, prov):
+            for sset in plan.serving_sets:
+                recorded += _run_set(sset, plan, m, store, run_id, prov, done, printer)
+        if not as_json:
+            echo(
+                f"ct200-bench: {recorded} point(s) recorded, {printer.failed} failed request(s); "
+                f"results {show(str(store.results))}, provenance {show(str(store.run_dir(run_id)))}"
+            )
+        return Outcome(run_id, recorded, printer.failed)
+    finally:
+        store.release()

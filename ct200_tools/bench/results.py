@@ -145,6 +145,7 @@ class Store:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self.results = self.root / RESULTS
+        self._held: list[int] = []
 
     def check(self) -> None:
         """Refuse, before any request, an --out that is no directory and a results file or runs
@@ -176,6 +177,31 @@ class Store:
             self.write_provenance(run_id, provenance)
         except OSError as exc:
             raise self._error(exc, "the run's provenance") from None
+
+    def claim(self, run_id: str) -> None:
+        """This process writes run `run_id` until release(): another process resuming it while
+        it runs is refused, where it would measure the remaining points a second time. The lock
+        is the run directory's own (flock), so a run killed outright leaves none behind."""
+        try:
+            fd = os.open(self.run_dir(run_id), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise self._error(exc, "the run's directory") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreError(
+                f"run {show(run_id)} in {show(str(self.root))} is still running in another "
+                "process: a second writer would measure its remaining points again",
+                "let that run finish, or stop it (Ctrl-C) and run --resume again; or run "
+                "without --resume to start a new run into this --out",
+            ) from None
+        self._held.append(fd)
+
+    def release(self) -> None:
+        """The runs this process claimed are free for a --resume."""
+        while self._held:
+            os.close(self._held.pop())
 
     def write_provenance(self, run_id: str, provenance: dict[str, object]) -> None:
         try:

@@ -108,59 +108,62 @@ def run(
 ) -> Outcome:
     store = Store(out_dir)
     store.check()
-    if len(plan.serving_sets) > 1 or any(not s.single for s in plan.serving_sets):
-        raise BenchError(
-            f"the plan names {len(plan.serving_sets)} serving set(s) of "
-            f"{sum(len(s.servers) for s in plan.serving_sets)} server(s), and --target is one "
-            "server",
-            "benchmark one server per --target run (serving_sets: [NAME]), or run the plan "
-            "without --target on the container: it switches to each set in turn",
+    try:
+        if len(plan.serving_sets) > 1 or any(not s.single for s in plan.serving_sets):
+            raise BenchError(
+                f"the plan names {len(plan.serving_sets)} serving set(s) of "
+                f"{sum(len(s.servers) for s in plan.serving_sets)} server(s), and --target is one "
+                "server",
+                "benchmark one server per --target run (serving_sets: [NAME]), or run the plan "
+                "without --target on the container: it switches to each set in turn",
+            )
+        if plan.serving_sets:
+            label = plan.serving_sets[0].name
+        if resume:
+            run_id, prov, done = resume_run(store, plan, target, label, out_dir, argv)
+        else:
+            run_id, prov = _start(store, plan, target, label, argv, auth)
+            done = frozenset()
+        model = str(prov.get("model"))
+        repair_tail(store, echo)
+        engine = prov.get("engine")
+        if not as_json:
+            what = provenance.describe_engine(engine) if isinstance(engine, dict) else "?"
+            echo(
+                f"ct200-bench: run {run_id} against {show(target)} ({what}), model "
+                f"{show(model, 80)}, ungated (a --target run: not switched, not checked by "
+                "the doctor)" + (f"; resuming after {len(done)} point(s)" if resume else "")
+            )
+        on_point = Printer(echo, as_json, tty)
+        sweep = Sweep(
+            plan,
+            target,
+            store,
+            run_id,
+            model,
+            done,
+            label,
+            on_point,
+            extra={"identity": identity.for_run(prov)},
+            watches=(MetricsWatch(target, False, plan.timeout_s, auth),),
+            auth=auth,
         )
-    if plan.serving_sets:
-        label = plan.serving_sets[0].name
-    if resume:
-        run_id, prov, done = resume_run(store, plan, target, label, out_dir, argv)
-    else:
-        run_id, prov = _start(store, plan, target, label, argv, auth)
-        done = frozenset()
-    model = str(prov.get("model"))
-    repair_tail(store, echo)
-    engine = prov.get("engine")
-    if not as_json:
-        what = provenance.describe_engine(engine) if isinstance(engine, dict) else "?"
-        echo(
-            f"ct200-bench: run {run_id} against {show(target)} ({what}), model "
-            f"{show(model, 80)}, ungated (a --target run: not switched, not checked by the doctor)"
-            + (f"; resuming after {len(done)} point(s)" if resume else "")
-        )
-    on_point = Printer(echo, as_json, tty)
-    sweep = Sweep(
-        plan,
-        target,
-        store,
-        run_id,
-        model,
-        done,
-        label,
-        on_point,
-        extra={"identity": identity.for_run(prov)},
-        watches=(MetricsWatch(target, False, plan.timeout_s, auth),),
-        auth=auth,
-    )
-    if tty:
-        sweep.progress = progress_line(echo)
-    with ending(store, run_id, prov):
-        records = asyncio.run(sweep.run())
-    past_knee = len(points(plan, label)) - len(records) - len(done)
-    failed = on_point.failed
-    if not as_json:
-        knee = f", {past_knee} not run past the knee" if past_knee else ""
-        echo(
-            f"ct200-bench: {len(records)} point(s) recorded ({len(done)} before{knee}), "
-            f"{failed} failed request(s); results {show(str(store.results))}, provenance "
-            f"{show(str(store.run_dir(run_id)))}"
-        )
-    return Outcome(run_id, len(records), failed)
+        if tty:
+            sweep.progress = progress_line(echo)
+        with ending(store, run_id, prov):
+            records = asyncio.run(sweep.run())
+        past_knee = len(points(plan, label)) - len(records) - len(done)
+        failed = on_point.failed
+        if not as_json:
+            knee = f", {past_knee} not run past the knee" if past_knee else ""
+            echo(
+                f"ct200-bench: {len(records)} point(s) recorded ({len(done)} before{knee}), "
+                f"{failed} failed request(s); results {show(str(store.results))}, provenance "
+                f"{show(str(store.run_dir(run_id)))}"
+            )
+        return Outcome(run_id, len(records), failed)
+    finally:
+        store.release()
 
 
 def repair_tail(store: Store, echo: Echo) -> None:
@@ -207,6 +210,7 @@ def resume_run(
             f"nothing to resume: {show(out_dir)} holds no run",
             "run without --resume to start one",
         )
+    store.claim(run_id)  # before its points are read: no other process adds to them now
     prov = store.provenance(run_id)
     same = (prov.get("plan"), prov.get("target"), prov.get("serving_set"))
     if same != (plan.as_dict(), target, label):
@@ -236,6 +240,7 @@ def _start(
     # The variable's name only: the key itself is never stored.
     prov["api_key_env"] = auth.env if auth is not None else None
     store.start(run_id, prov)
+    store.claim(run_id)
     return run_id, prov
 
 

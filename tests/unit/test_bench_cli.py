@@ -171,6 +171,40 @@ def test_an_out_that_is_a_file_is_exit_4_with_its_fix(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
+def test_resume_while_the_run_still_runs_is_refused_and_adds_nothing(tmp_path: Path) -> None:
+    """Two writers of one run would measure its remaining points twice (with the same prompts,
+    which are seeded by the run and the point). The live run holds its directory's lock; a
+    --resume beside it is exit 4 and adds nothing; once the run is killed, --resume proceeds."""
+    out = tmp_path / "out"
+    results = out / "results.jsonl"
+    args = ["run", "--concurrency", "1,2,3,4,5,6", "--input-tokens", "4", "--output-tokens",
+            "5", "--requests", "2", "--out", str(out)]  # fmt: skip
+    with standin("--itl", "0.1") as url:
+        proc = subprocess.Popen(
+            [*BENCH, *args, "--target", url], cwd=REPO, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not (
+                results.exists() and results.read_bytes().count(b"\n") >= 1
+            ):
+                time.sleep(0.05)
+            beside = bench(*args, "--target", url, "--resume")
+            assert beside.returncode == 4, beside.stderr
+            assert "still running in another process" in beside.stderr, beside.stderr
+            assert "resuming after" not in beside.stdout
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        kept = lines(results)
+        assert len(kept) < 6  # killed before it finished: no point came from the refused resume
+        after = bench(*args, "--target", url, "--resume")
+    assert after.returncode == 0, after.stderr
+    points = lines(results)
+    assert sorted(p["concurrency"] for p in points) == [1, 2, 3, 4, 5, 6]
+
+
 def test_resume_with_another_plan_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "out"
     with standin() as url:
