@@ -140,7 +140,6 @@ def _managed_start(
         sets={},
     )
     store.start(run_id, prov)
-    store.claim(run_id)
     return run_id, prov, frozenset()
 
 

@@ -171,9 +171,11 @@ class Store:
         return self.root / RUNS / run_id
 
     def start(self, run_id: str, provenance: dict[str, object]) -> None:
+        """A new run's directory, claimed (claim) before its provenance makes it resumable."""
         try:
             self.run_dir(run_id).mkdir(parents=True, exist_ok=True)
             fsync_dir(str(self.root / RUNS))
+            self.claim(run_id)
             self.write_provenance(run_id, provenance)
         except OSError as exc:
             raise self._error(exc, "the run's provenance") from None

@@ -240,7 +240,6 @@ def _start(
     # The variable's name only: the key itself is never stored.
     prov["api_key_env"] = auth.env if auth is not None else None
     store.start(run_id, prov)
-    store.claim(run_id)
     return run_id, prov
 
 
