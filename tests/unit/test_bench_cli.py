@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ct200_tools.bench.results import Store
 from tests.foreground import foreground
 from tests.unit.bench_helpers import BENCH, REPO, bench, standin
 
@@ -174,35 +175,36 @@ def test_an_out_that_is_a_file_is_exit_4_with_its_fix(tmp_path: Path) -> None:
 def test_resume_while_the_run_still_runs_is_refused_and_adds_nothing(tmp_path: Path) -> None:
     """Two writers of one run would measure its remaining points twice (with the same prompts,
     which are seeded by the run and the point). The live run holds its directory's lock; a
-    --resume beside it is exit 4 and adds nothing; once the run is killed, --resume proceeds."""
+    --resume beside it is exit 4 and adds nothing; a run killed outright holds no lock."""
     out = tmp_path / "out"
     results = out / "results.jsonl"
-    args = ["run", "--concurrency", "1,2,3,4,5,6", "--input-tokens", "4", "--output-tokens",
-            "5", "--requests", "2", "--out", str(out)]  # fmt: skip
-    with standin("--itl", "0.1") as url:
+    args = ["run", "--concurrency", "1,2,3", "--input-tokens", "4", "--output-tokens", "5",
+            "--requests", "2", "--out", str(out)]  # fmt: skip
+    # The stand-in answers the first point's completions (2, or 3 with a warm-up) and none after
+    # the third: the run is still running when --resume comes, however slow this machine is.
+    with standin("--itl", "0.01", "--stall-after", "3") as url:
         proc = subprocess.Popen(
             [*BENCH, *args, "--target", url], cwd=REPO, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )  # fmt: skip
         try:
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not (
-                results.exists() and results.read_bytes().count(b"\n") >= 1
-            ):
+            while time.monotonic() < deadline and not (results.exists() and results.read_bytes()):
                 time.sleep(0.05)
+            before = results.read_bytes()
             beside = bench(*args, "--target", url, "--resume")
             assert beside.returncode == 4, beside.stderr
             assert "still running in another process" in beside.stderr, beside.stderr
-            assert "resuming after" not in beside.stdout
+            assert "resuming after" not in beside.stdout and "Traceback" not in beside.stderr
+            assert results.read_bytes() == before
         finally:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
-        kept = lines(results)
-        assert len(kept) < 6  # killed before it finished: no point came from the refused resume
-        after = bench(*args, "--target", url, "--resume")
-    assert after.returncode == 0, after.stderr
-    points = lines(results)
-    assert sorted(p["concurrency"] for p in points) == [1, 2, 3, 4, 5, 6]
+    store = Store(out)
+    run_id = store.last_run()
+    assert run_id is not None
+    store.claim(run_id)  # the killed run's lock went with it: a --resume may take the run now
+    store.release()
 
 
 def test_resume_with_another_plan_is_refused(tmp_path: Path) -> None:
